@@ -1,0 +1,131 @@
+"""durably: durable AI agent runs on Temporal.
+
+Each run is a Temporal workflow; each model request and tool call is an
+activity with retry settings from the tool's recovery policy. A committed
+result is never recomputed, and an uncertain side effect is never repeated
+unless its tool says it is safe to.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from durably.agents import Agent, AgentRegistration, ModelRetry, ToolRetry
+    from durably.client import DurableClient, RunHandle
+    from durably.contract import RunResult, RunSnapshot, RunStatus, RunSummary
+    from durably.errors import (
+        DurableConflictError,
+        DurablyError,
+        InteractionConflictError,
+        InvalidResponseError,
+        RegistrationError,
+        RunCancelledError,
+        RunFailedError,
+        RunNotFoundError,
+    )
+    from durably.messages import (
+        AssistantMessage,
+        ModelRequest,
+        ModelResponse,
+        ToolCall,
+        ToolResultMessage,
+        ToolSpec,
+        Usage,
+        UserMessage,
+    )
+    from durably.models import FunctionModel, Model, ScriptedModel
+    from durably.plugin import DurablyPlugin
+    from durably.registry import AgentRegistry
+    from durably.tools import Tool, ToolContext, ToolError, tool
+    from durably.worker import DurableRuntime
+
+# Names load on first use, so importing `durably.workflows` inside the
+# workflow sandbox does not drag in the client, worker and CLI.
+_EXPORTS = {
+    "Agent": "durably.agents",
+    "AgentRegistration": "durably.agents",
+    "AgentRegistry": "durably.registry",
+    "AssistantMessage": "durably.messages",
+    "DurableClient": "durably.client",
+    "DurableConflictError": "durably.errors",
+    "DurableRuntime": "durably.worker",
+    "DurablyError": "durably.errors",
+    "DurablyPlugin": "durably.plugin",
+    "FunctionModel": "durably.models",
+    "InteractionConflictError": "durably.errors",
+    "InvalidResponseError": "durably.errors",
+    "Model": "durably.models",
+    "ModelRequest": "durably.messages",
+    "ModelResponse": "durably.messages",
+    "ModelRetry": "durably.agents",
+    "RegistrationError": "durably.errors",
+    "RunCancelledError": "durably.errors",
+    "RunFailedError": "durably.errors",
+    "RunHandle": "durably.client",
+    "RunNotFoundError": "durably.errors",
+    "RunResult": "durably.contract",
+    "RunSnapshot": "durably.contract",
+    "RunStatus": "durably.contract",
+    "RunSummary": "durably.contract",
+    "ScriptedModel": "durably.models",
+    "Tool": "durably.tools",
+    "ToolCall": "durably.messages",
+    "ToolContext": "durably.tools",
+    "ToolError": "durably.tools",
+    "ToolResultMessage": "durably.messages",
+    "ToolRetry": "durably.agents",
+    "ToolSpec": "durably.messages",
+    "Usage": "durably.messages",
+    "UserMessage": "durably.messages",
+    "tool": "durably.tools",
+}
+
+__all__ = [
+    "Agent",
+    "AgentRegistration",
+    "AgentRegistry",
+    "AssistantMessage",
+    "DurableClient",
+    "DurableConflictError",
+    "DurableRuntime",
+    "DurablyError",
+    "DurablyPlugin",
+    "FunctionModel",
+    "InteractionConflictError",
+    "InvalidResponseError",
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
+    "ModelRetry",
+    "RegistrationError",
+    "RunCancelledError",
+    "RunFailedError",
+    "RunHandle",
+    "RunNotFoundError",
+    "RunResult",
+    "RunSnapshot",
+    "RunStatus",
+    "RunSummary",
+    "ScriptedModel",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolError",
+    "ToolResultMessage",
+    "ToolRetry",
+    "ToolSpec",
+    "Usage",
+    "UserMessage",
+    "tool",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'durably' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

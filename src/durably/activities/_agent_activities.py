@@ -1,0 +1,301 @@
+"""The three activities every run uses, dispatching through the live registry.
+
+Their names are fixed (`durably.pin_agent`, `durably.model_request`,
+`durably.tool_call`), so histories never depend on a user's function names
+and agents can be registered while the worker runs. User code (models and
+tools) runs only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from durably._transcript import EMPTY_DIGEST, extend_digest
+from durably.activities._heartbeat import heartbeating
+from durably.activities._transcript_cache import TranscriptCache
+from durably.agents import AgentRegistration
+from durably.contract import (
+    ACTIVITY_MODEL,
+    ACTIVITY_PIN,
+    ACTIVITY_TOOL,
+    AgentPin,
+    MessageRef,
+    ModelCallInput,
+    ModelCallResult,
+    PinRequest,
+    ToolCallInput,
+    TranscriptPage,
+)
+from durably.messages import (
+    AssistantMessage,
+    Message,
+    ModelRequest,
+    ToolCall,
+    ToolResultMessage,
+)
+from durably.registry import AgentRegistry
+from durably.tools import ToolContext, ToolError, render_result
+
+__all__ = ["AgentActivities", "ErrorType"]
+
+_log = structlog.get_logger("durably")
+
+# How long a cancelled tool may take to notice `abort_signal` and return.
+_ABORT_GRACE = 5.0
+_TRANSCRIPT_PAGE = 500
+
+
+class ErrorType:
+    """`ApplicationError.type` values the workflow reacts to."""
+
+    AGENT_NOT_REGISTERED = "DurablyAgentNotRegistered"
+    VERSION_MISSING = "DurablyVersionMissing"
+    VERSION_INCOMPATIBLE = "DurablyVersionIncompatible"
+    MODEL_ERROR = "DurablyModelError"
+    TOOL_CRASHED = "DurablyToolCrashed"
+    TRANSCRIPT_MISMATCH = "DurablyTranscriptMismatch"
+
+
+def _heartbeat_interval(timeout: timedelta | None) -> float:
+    seconds = timeout.total_seconds() if timeout else 10.0
+    return max(0.2, min(seconds / 4, 2.0))
+
+
+class AgentActivities:
+    """Activity implementations bound to one worker's registry and cache."""
+
+    def __init__(self, registry: AgentRegistry, *, cache: TranscriptCache | None = None) -> None:
+        self.registry = registry
+        self.cache = cache or TranscriptCache()
+
+    def methods(self) -> list[Any]:
+        return [self.pin_agent, self.model_request, self.tool_call]
+
+    # -- registration -------------------------------------------------------
+
+    @activity.defn(name=ACTIVITY_PIN)
+    async def pin_agent(self, request: PinRequest) -> AgentPin:
+        """Resolve the registration a new run will use, and pin it."""
+        registration = self.registry.get(request.agent_id, request.version)
+        if registration is None:
+            wanted = f"agent {request.agent_id!r}" + (
+                f" version {request.version!r}" if request.version else ""
+            )
+            raise ApplicationError(
+                f"{wanted} is not registered on this worker (it hosts: "
+                f"{self.registry.describe()}). Register it with DurableRuntime.register_agents "
+                "or `durably worker --agents module:attr`, then retry the run.",
+                type=ErrorType.AGENT_NOT_REGISTERED,
+                non_retryable=True,
+            )
+        return registration.pin()
+
+    def _registration(self, agent_id: str, version: str, fingerprint: str) -> AgentRegistration:
+        """The exact registration a run pinned, or a non-retryable error saying why not."""
+        registration = self.registry.get(agent_id, version)
+        if registration is None:
+            raise ApplicationError(
+                f"agent {agent_id!r} version {version!r} is not registered on this worker "
+                f"(it hosts: {self.registry.describe()}). Register that version again, then "
+                "retry the run.",
+                {"reason": "version_missing", "agent_id": agent_id, "version": version},
+                type=ErrorType.VERSION_MISSING,
+                non_retryable=True,
+            )
+        if registration.fingerprint != fingerprint:
+            raise ApplicationError(
+                f"agent {agent_id!r} version {version!r} on this worker differs from the one "
+                "the run started with (model, instructions, tools or policies changed). Register "
+                "the original definition under this version and a new definition under a new "
+                "version, then retry the run.",
+                {"reason": "version_incompatible", "agent_id": agent_id, "version": version},
+                type=ErrorType.VERSION_INCOMPATIBLE,
+                non_retryable=True,
+            )
+        return registration
+
+    # -- model --------------------------------------------------------------
+
+    @activity.defn(name=ACTIVITY_MODEL)
+    async def model_request(self, call: ModelCallInput) -> ModelCallResult:
+        """One model request; invalid tool calls in the answer are marked, never run."""
+        registration = self._registration(call.agent_id, call.version, call.fingerprint)
+        agent = registration.agent
+        messages = await self._rebuild(call)
+        request = ModelRequest(
+            instructions=agent.instructions, messages=tuple(messages), tools=agent.tool_specs
+        )
+        async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
+            try:
+                response = await agent.model.request(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Without model_retry a failed request is final; a crash (timeout) still retries.
+                raise ApplicationError(
+                    f"model request failed: {type(exc).__name__}: {exc}",
+                    type=ErrorType.MODEL_ERROR,
+                    non_retryable=registration.model_retry is None,
+                ) from exc
+        message = _normalise_calls(response.message)
+        self.cache.put_output(call.run_id, call.key, message)
+        return ModelCallResult(
+            message=message,
+            usage=response.usage,
+            call_errors=_call_errors(registration, message.tool_calls),
+        )
+
+    async def _rebuild(self, call: ModelCallInput) -> list[Message]:
+        """The full transcript from the cache, or from the workflow on a miss."""
+        cached = self.cache.transcript(call.run_id, call.base_length, call.base_digest)
+        messages: list[Message] | None = None
+        if cached is not None:
+            messages = cached
+            for item in call.new:
+                found = (
+                    self.cache.output(call.run_id, item.ref)
+                    if isinstance(item, MessageRef)
+                    else item
+                )
+                if found is None:
+                    messages = None
+                    break
+                messages.append(found)
+        if messages is None or _digest(messages) != call.digest:
+            messages = await _fetch_transcript(call.run_id)
+        if _digest(messages) != call.digest:
+            raise ApplicationError(
+                f"the transcript of run {call.run_id!r} does not match the digest the workflow "
+                "sent; this is a bug in durably, please report it",
+                type=ErrorType.TRANSCRIPT_MISMATCH,
+            )
+        self.cache.store(call.run_id, list(messages), call.digest)
+        return messages
+
+    # -- tools --------------------------------------------------------------
+
+    @activity.defn(name=ACTIVITY_TOOL)
+    async def tool_call(self, call: ToolCallInput) -> ToolResultMessage:
+        """Run one tool call; `ToolError` is a result, anything else is uncertain."""
+        registration = self._registration(call.agent_id, call.version, call.fingerprint)
+        tool = registration.agent.tool(call.call.name)
+        info = activity.info()
+        operation_id = f"{call.run_id}/{call.key}"
+        if tool is None:  # the model activity rejects these; kept for direct callers
+            return _error_result(call.call, f"unknown tool {call.call.name!r}")
+        try:
+            args = tool.input_model.model_validate(call.call.arguments)
+        except ValidationError as exc:
+            return _error_result(call.call, _validation_message(exc))
+        abort = asyncio.Event()
+        ctx = ToolContext(
+            operation_id=operation_id,
+            run_id=call.run_id,
+            agent_id=call.agent_id,
+            agent_version=call.version,
+            attempt=info.attempt,
+            abort_signal=abort,
+            logger=_log.bind(run_id=call.run_id, operation_id=operation_id, tool=tool.name),
+            _heartbeat=activity.heartbeat,
+        )
+        task = asyncio.create_task(tool.execute(args, ctx), name=f"durably-tool-{tool.name}")
+        try:
+            async with heartbeating(_heartbeat_interval(info.heartbeat_timeout)):
+                value = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            abort.set()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, _ABORT_GRACE)
+            raise
+        except ToolError as exc:
+            result = _error_result(call.call, str(exc) or type(exc).__name__)
+        except Exception as exc:
+            raise ApplicationError(
+                f"tool {tool.name!r} raised {type(exc).__name__}: {exc}",
+                type=ErrorType.TOOL_CRASHED,
+            ) from exc
+        else:
+            try:
+                output = tool.validate_output(value)
+            except ValidationError as exc:
+                raise ApplicationError(
+                    f"tool {tool.name!r} returned a value that does not fit its output model: "
+                    f"{_validation_message(exc)}",
+                    type=ErrorType.TOOL_CRASHED,
+                ) from exc
+            result = ToolResultMessage(
+                call_id=call.call.id, tool=tool.name, content=render_result(output)
+            )
+        self.cache.put_output(call.run_id, call.key, result)
+        return result
+
+
+def _digest(messages: list[Message]) -> str:
+    digest = EMPTY_DIGEST
+    for m in messages:
+        digest = extend_digest(digest, m)
+    return digest
+
+
+async def _fetch_transcript(run_id: str) -> list[Message]:
+    handle = activity.client().get_workflow_handle(run_id)
+    messages: list[Message] = []
+    while True:
+        page = await handle.query(
+            "transcript", len(messages), result_type=TranscriptPage
+        )
+        messages.extend(page.messages)
+        if len(messages) >= page.total or not page.messages:
+            return messages
+
+
+def _normalise_calls(message: AssistantMessage) -> AssistantMessage:
+    """Give every call a unique, non-empty id: checkpoint keys are built from them."""
+    seen: set[str] = set()
+    calls: list[ToolCall] = []
+    for i, c in enumerate(message.tool_calls, start=1):
+        call_id = c.id.strip() or f"call_{i}"
+        while call_id in seen:
+            call_id = f"{call_id}_{i}"
+        seen.add(call_id)
+        calls.append(c if call_id == c.id else c.model_copy(update={"id": call_id}))
+    return message.model_copy(update={"tool_calls": tuple(calls)})
+
+
+def _call_errors(registration: AgentRegistration, calls: tuple[ToolCall, ...]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for c in calls:
+        tool = registration.agent.tool(c.name)
+        if tool is None:
+            known = ", ".join(t.name for t in registration.agent.tools) or "none"
+            errors[c.id] = f"unknown tool {c.name!r}; available tools: {known}"
+        elif c.raw_arguments is not None:
+            errors[c.id] = (
+                f"arguments for {c.name!r} are not a JSON object: {c.raw_arguments[:500]!r}"
+            )
+        else:
+            try:
+                tool.input_model.model_validate(c.arguments)
+            except ValidationError as exc:
+                errors[c.id] = f"invalid arguments for {c.name!r}: {_validation_message(exc)}"
+    return errors
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _error_result(call: ToolCall, message: str) -> ToolResultMessage:
+    return ToolResultMessage(call_id=call.id, tool=call.name, content=message, is_error=True)

@@ -1,0 +1,34 @@
+"""Background heartbeating for model and tool activities.
+
+Without it a dead worker is noticed only at the start-to-close timeout
+(minutes); with it, within the heartbeat timeout. Heartbeats are also how a
+cancellation reaches a running activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from temporalio import activity
+
+__all__ = ["heartbeating"]
+
+
+@contextlib.asynccontextmanager
+async def heartbeating(interval: float) -> AsyncIterator[None]:
+    """Heartbeat every `interval` seconds while the block runs."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(beat(), name="durably-heartbeat")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,203 @@
+"""Agents and their registrations.
+
+An `Agent` is what the model is told and may call. An `AgentRegistration`
+adds what durability needs: a version, a recovery policy per tool, model
+retry settings and timeouts. Registrations are validated when they are
+made, never inside workflow code, so a mistake fails at startup with a
+message rather than stalling a workflow task later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, get_args
+
+from durably.contract import AgentPin, Recovery, RetrySpec, ToolPolicy
+from durably.errors import RegistrationError
+from durably.messages import ToolSpec
+from durably.models import Model
+from durably.tools import Tool, tool_identity
+
+__all__ = ["Agent", "AgentRegistration", "ModelRetry", "ToolRetry"]
+
+_RECOVERIES: tuple[str, ...] = get_args(Recovery)
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An agent: a model, its instructions and the tools it may call.
+
+    `max_turns` bounds the number of model requests in one run; a run that
+    reaches it without a final answer fails (and can be retried).
+    """
+
+    id: str
+    model: Model
+    instructions: str
+    tools: Sequence[Tool[Any]] = ()
+    max_turns: int = 20
+
+    def __post_init__(self) -> None:
+        if not self.id or not self.id.strip():
+            raise RegistrationError("Agent id must be a non-empty string")
+        if self.max_turns < 1:
+            raise RegistrationError(f"agent {self.id!r}: max_turns must be at least 1")
+        if not isinstance(self.model, Model):
+            raise RegistrationError(
+                f"agent {self.id!r}: model {self.model!r} does not implement durably.Model "
+                "(an `identity` property and `async def request(ModelRequest)`)"
+            )
+        names = [t.name for t in self.tools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise RegistrationError(f"agent {self.id!r} has several tools named {dupes}; rename them")
+        object.__setattr__(self, "tools", tuple(self.tools))
+
+    def tool(self, name: str) -> Tool[Any] | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    @property
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        return tuple(
+            ToolSpec(name=t.name, description=t.description, parameters=t.input_schema)
+            for t in self.tools
+        )
+
+
+@dataclass(frozen=True)
+class ModelRetry:
+    """Persisted backoff for model requests (the model activity's retry policy)."""
+
+    max_attempts: int
+    initial_delay_ms: int = 1000
+    max_delay_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        _check_retry("ModelRetry", self.max_attempts, self.initial_delay_ms, self.max_delay_ms)
+
+    def spec(self) -> RetrySpec:
+        return RetrySpec(
+            max_attempts=self.max_attempts,
+            initial_delay_ms=self.initial_delay_ms,
+            max_delay_ms=self.max_delay_ms,
+        )
+
+
+@dataclass(frozen=True)
+class ToolRetry:
+    """Bounded attempts with backoff for `safe` and `idempotent` tools."""
+
+    max_attempts: int = 5
+    initial_delay_ms: int = 1000
+    max_delay_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        _check_retry("ToolRetry", self.max_attempts, self.initial_delay_ms, self.max_delay_ms)
+
+
+def _check_retry(what: str, attempts: int, initial: int, maximum: int) -> None:
+    if attempts < 1:
+        raise RegistrationError(f"{what}.max_attempts must be at least 1, got {attempts}")
+    if initial < 1 or maximum < initial:
+        raise RegistrationError(
+            f"{what}: need 1 <= initial_delay_ms <= max_delay_ms, got {initial} and {maximum}"
+        )
+
+
+@dataclass(frozen=True)
+class AgentRegistration:
+    """An agent at a version, with its durability settings.
+
+    Tools not named in `tool_recovery` are `manual`. `heartbeat_timeout` is
+    how fast a dead worker is noticed while a tool or model request runs; a
+    tool's own `heartbeat_timeout` overrides it.
+    """
+
+    agent: Agent
+    version: str
+    tool_recovery: Mapping[str, Recovery] = field(default_factory=dict)
+    model_retry: ModelRetry | None = None
+    tool_retry: ToolRetry = field(default_factory=ToolRetry)
+    heartbeat_timeout: timedelta = timedelta(seconds=10)
+    tool_timeout: timedelta = timedelta(minutes=10)
+    model_timeout: timedelta = timedelta(minutes=5)
+
+    def __post_init__(self) -> None:
+        where = f"registration of agent {self.agent.id!r} version {self.version!r}"
+        if not isinstance(self.version, str) or not self.version.strip():
+            raise RegistrationError(f"agent {self.agent.id!r}: version must be a non-empty string")
+        unknown = sorted(set(self.tool_recovery) - {t.name for t in self.agent.tools})
+        if unknown:
+            raise RegistrationError(
+                f"{where}: tool_recovery names {unknown}, which the agent does not have "
+                f"(its tools: {sorted(t.name for t in self.agent.tools)}); fix the name or add the tool"
+            )
+        bad = {n: p for n, p in self.tool_recovery.items() if p not in _RECOVERIES}
+        if bad:
+            raise RegistrationError(
+                f"{where}: unknown recovery policy {bad}; use one of {list(_RECOVERIES)}"
+            )
+        for what, value in (
+            ("heartbeat_timeout", self.heartbeat_timeout),
+            ("tool_timeout", self.tool_timeout),
+            ("model_timeout", self.model_timeout),
+        ):
+            if value <= timedelta(0):
+                raise RegistrationError(f"{where}: {what} must be positive")
+        object.__setattr__(self, "tool_recovery", dict(self.tool_recovery))
+
+    @property
+    def agent_id(self) -> str:
+        return self.agent.id
+
+    def recovery(self, tool_name: str) -> Recovery:
+        return self.tool_recovery.get(tool_name, "manual")
+
+    def pin(self) -> AgentPin:
+        """What a run pins at start, fingerprint included."""
+        return AgentPin(
+            agent_id=self.agent.id,
+            version=self.version,
+            fingerprint=self.fingerprint,
+            max_turns=self.agent.max_turns,
+            model_retry=self.model_retry.spec() if self.model_retry else None,
+            model_heartbeat_timeout_s=self.heartbeat_timeout.total_seconds(),
+            model_start_to_close_s=self.model_timeout.total_seconds(),
+            tools={t.name: self._tool_policy(t) for t in self.agent.tools},
+        )
+
+    def _tool_policy(self, t: Tool[Any]) -> ToolPolicy:
+        recovery = self.recovery(t.name)
+        retry = self.tool_retry
+        return ToolPolicy(
+            recovery=recovery,
+            retry=RetrySpec(
+                max_attempts=1 if recovery == "manual" else retry.max_attempts,
+                initial_delay_ms=retry.initial_delay_ms,
+                max_delay_ms=retry.max_delay_ms,
+            ),
+            requires_approval=t.requires_approval,
+            approval_timeout_s=t.approval_timeout.total_seconds() if t.approval_timeout else None,
+            heartbeat_timeout_s=(t.heartbeat_timeout or self.heartbeat_timeout).total_seconds(),
+            start_to_close_s=(t.start_to_close_timeout or self.tool_timeout).total_seconds(),
+            output_schema=t.output_schema,
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the canonical JSON of everything this registration builds."""
+        data = {
+            "agent_id": self.agent.id,
+            "model": dict(self.agent.model.identity),
+            "instructions": self.agent.instructions,
+            "max_turns": self.agent.max_turns,
+            "tools": [tool_identity(t) for t in self.agent.tools],
+            "tool_recovery": dict(sorted(self.tool_recovery.items())),
+            "model_retry": self.model_retry.spec().model_dump() if self.model_retry else None,
+        }
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]

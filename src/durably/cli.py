@@ -1,0 +1,5 @@
+"""Placeholder; replaced below."""
+import typer
+app = typer.Typer()
+def main() -> None:
+    app()

@@ -1,0 +1,7 @@
+"""What operators call: start runs, find them, read and steer them."""
+
+from durably.client._client import DurableClient
+from durably.client._connect import connect_temporal
+from durably.client._handle import RunHandle
+
+__all__ = ["DurableClient", "RunHandle", "connect_temporal"]

@@ -1,0 +1,39 @@
+"""Connecting to Temporal the way every Temporal tool does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
+
+__all__ = ["connect_temporal", "with_pydantic"]
+
+DEFAULT_TARGET = "localhost:7233"
+
+
+async def connect_temporal(
+    target: str | None = None, namespace: str | None = None, *, profile: str | None = None
+) -> Client:
+    """A client from the arguments, else `TEMPORAL_*` variables and the config file.
+
+    Arguments win over the environment, which wins over the config file
+    (`temporalio.envconfig`); with nothing set, the local dev server.
+    """
+    config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
+    if target:
+        config["target_host"] = target
+    if namespace:
+        config["namespace"] = namespace
+    config.setdefault("target_host", DEFAULT_TARGET)
+    return await Client.connect(**config, data_converter=pydantic_data_converter)
+
+
+def with_pydantic(client: Client) -> Client:
+    """The same connection, with payloads converted by pydantic."""
+    if client.data_converter is pydantic_data_converter:
+        return client
+    config = client.config()
+    config["data_converter"] = pydantic_data_converter
+    return Client(**config)

@@ -1,0 +1,281 @@
+"""The data that crosses the workflow, activity and client boundaries.
+
+Everything here is stored in workflow histories (activity inputs and
+results, queries, the run's own input), so a field is only ever added with
+a default; renaming or removing one breaks the replay of existing runs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio.common import SearchAttributeKey
+
+from durably.messages import AssistantMessage, Message, ToolCall, Usage
+
+__all__ = [
+    "ACTIVITY_MODEL",
+    "ACTIVITY_PIN",
+    "ACTIVITY_TOOL",
+    "DEFAULT_TASK_QUEUE",
+    "SA_AGENT",
+    "SA_AGENT_VERSION",
+    "SA_STATUS",
+    "SEARCH_ATTRIBUTES",
+    "WORKFLOW_TYPE",
+    "AgentPin",
+    "Attention",
+    "MessageRef",
+    "ModelCallInput",
+    "ModelCallResult",
+    "PinRequest",
+    "Recovery",
+    "RetrySpec",
+    "RunEvent",
+    "RunInput",
+    "RunResult",
+    "RunSnapshot",
+    "RunState",
+    "RunStatus",
+    "RunSummary",
+    "ToolCallInput",
+    "ToolPolicy",
+    "TranscriptPage",
+]
+
+WORKFLOW_TYPE = "AgentRunWorkflow"
+DEFAULT_TASK_QUEUE = "durably"
+# The activity names are fixed: they dispatch through the worker's registry,
+# so renaming a user's function or adding an agent never changes a history.
+ACTIVITY_PIN = "durably.pin_agent"
+ACTIVITY_MODEL = "durably.model_request"
+ACTIVITY_TOOL = "durably.tool_call"
+
+# Custom search attributes (Keyword) every run keeps current; the dev server
+# and any cluster running durably must have them registered.
+SA_STATUS = SearchAttributeKey.for_keyword("DurablyStatus")
+SA_AGENT = SearchAttributeKey.for_keyword("DurablyAgent")
+SA_AGENT_VERSION = SearchAttributeKey.for_keyword("DurablyAgentVersion")
+SEARCH_ATTRIBUTES = (SA_STATUS, SA_AGENT, SA_AGENT_VERSION)
+
+Recovery = Literal["manual", "safe", "idempotent"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    WAITING = "waiting"
+    RETRY_WAIT = "retry_wait"
+    NEEDS_ATTENTION = "needs_attention"
+    FAILED = "failed"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+
+    @property
+    def unfinished(self) -> bool:
+        return self not in (RunStatus.COMPLETED, RunStatus.CANCELLED)
+
+
+class RunInput(_Model):
+    """The workflow's input; plain JSON so any Temporal client can start a run.
+
+    `version` None means the newest version registered on the worker that
+    picks the run up. `carried` is set only by continue-as-new.
+    """
+
+    agent_id: str
+    input: str
+    version: str | None = None
+    carried: RunState | None = None
+
+
+class RetrySpec(_Model):
+    """An activity retry policy in plain numbers (history-friendly)."""
+
+    max_attempts: int
+    initial_delay_ms: int = 1000
+    max_delay_ms: int = 30_000
+
+
+class ToolPolicy(_Model):
+    """How the workflow schedules one tool: pinned at run start."""
+
+    recovery: Recovery = "manual"
+    retry: RetrySpec
+    requires_approval: bool = False
+    approval_timeout_s: float | None = None
+    heartbeat_timeout_s: float
+    start_to_close_s: float
+    output_schema: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentPin(_Model):
+    """What a run pins at start: the exact registration and its settings."""
+
+    agent_id: str
+    version: str
+    fingerprint: str
+    max_turns: int
+    model_retry: RetrySpec | None = None
+    model_heartbeat_timeout_s: float
+    model_start_to_close_s: float
+    tools: dict[str, ToolPolicy]
+
+
+class PinRequest(_Model):
+    agent_id: str
+    version: str | None = None
+
+
+class MessageRef(_Model):
+    """A message the run received as an activity result, named by its key.
+
+    The model activity rebuilds it from the worker's cache instead of
+    receiving it again as input: that is what keeps history linear.
+    """
+
+    ref: str
+
+
+class ModelCallInput(_Model):
+    """One model request, sent as a delta against the worker's transcript cache.
+
+    `base_length`/`base_digest` name the transcript the previous request
+    saw; `new` holds what was added since, inline or by reference;
+    `digest` is the digest of the whole transcript after `new`.
+    """
+
+    run_id: str
+    agent_id: str
+    version: str
+    fingerprint: str
+    turn: int
+    key: str
+    base_length: int
+    base_digest: str
+    new: list[Message | MessageRef]
+    digest: str
+
+
+class ModelCallResult(_Model):
+    """The model's answer, plus the tool calls that must not run.
+
+    `call_errors` maps a call id to why it cannot run (unknown tool,
+    arguments that fail the input model); the workflow hands that error to
+    the model as the call's result without scheduling anything.
+    """
+
+    message: AssistantMessage
+    usage: Usage
+    call_errors: dict[str, str] = Field(default_factory=dict)
+
+
+class ToolCallInput(_Model):
+    run_id: str
+    agent_id: str
+    version: str
+    fingerprint: str
+    turn: int
+    key: str
+    call: ToolCall
+
+
+class TranscriptPage(_Model):
+    """A page of a run's transcript, for workers whose cache missed."""
+
+    offset: int
+    messages: list[Message]
+    total: int
+
+
+class RunEvent(_Model):
+    """One committed step of a run, as operators read it."""
+
+    seq: int
+    at: datetime
+    type: str
+    operation: str | None = None
+    detail: str | None = None
+
+
+class Attention(_Model):
+    """Why a run needs an operator."""
+
+    reason: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunSnapshot(_Model):
+    """A run as an operator sees it (the `snapshot` query)."""
+
+    run_id: str
+    agent_id: str
+    agent_version: str | None = None
+    status: RunStatus
+    outcome: dict[str, Any] | None = None
+    blocked_operation: str | None = None
+    attention: Attention | None = None
+    next_attempt_at: datetime | None = None
+    attempt: int | None = None
+    turns: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    events: list[RunEvent] = Field(default_factory=list)
+    error: str | None = None
+    current: str | None = None
+
+
+class RunResult(_Model):
+    """What a completed run returns."""
+
+    run_id: str
+    output: str | None
+    turns: int
+    usage: Usage
+
+
+class RunSummary(_Model):
+    """A run as listed by `list_runs` (from Temporal visibility)."""
+
+    run_id: str
+    agent_id: str | None
+    agent_version: str | None
+    status: RunStatus | None
+    started_at: datetime | None
+    closed_at: datetime | None
+
+
+class RunState(_Model):
+    """A run's whole state: what the workflow holds and continue-as-new carries.
+
+    `sent_length`/`sent_digest` describe the transcript the last model
+    request saw; `refs` maps transcript positions not yet sent to the
+    operation whose activity produced them (see `MessageRef`).
+    """
+
+    agent_id: str
+    input: str
+    requested_version: str | None = None
+    pin: AgentPin | None = None
+    status: RunStatus = RunStatus.RUNNING
+    transcript: list[Message] = Field(default_factory=list)
+    digest: str
+    sent_length: int = 0
+    sent_digest: str
+    refs: dict[int, str] = Field(default_factory=dict)
+    turns: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    outcome: dict[str, Any] | None = None
+    error: str | None = None
+    blocked_operation: str | None = None
+    attention: Attention | None = None
+    events: list[RunEvent] = Field(default_factory=list)
+    event_seq: int = 0
+
+
+RunInput.model_rebuild()

@@ -1,0 +1,72 @@
+"""Every error durably raises, as one tree.
+
+::
+
+    DurablyError
+    ├── RegistrationError          an agent registration is invalid, or clashes with one already registered
+    ├── DurableConflictError       the run (or registry) is in a state that does not allow the request
+    │   └── InteractionConflictError   a different response was already accepted for that interaction
+    ├── InvalidResponseError       a response or resolution does not fit what the run asked for
+    ├── RunNotFoundError           no run with that id exists in the namespace
+    ├── RunFailedError             the run failed; it stays open so an operator can `retry()` it
+    └── RunCancelledError          the run was cancelled
+
+Each message says what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DurableConflictError",
+    "DurablyError",
+    "InteractionConflictError",
+    "InvalidResponseError",
+    "RegistrationError",
+    "RunCancelledError",
+    "RunFailedError",
+    "RunNotFoundError",
+]
+
+
+class DurablyError(Exception):
+    """Base class of every error raised by durably."""
+
+
+class RegistrationError(DurablyError):
+    """An agent registration is invalid or clashes with the live registry."""
+
+
+class DurableConflictError(DurablyError):
+    """The request does not fit the current state of the run or registry."""
+
+
+class InteractionConflictError(DurableConflictError):
+    """A different response was already accepted for this interaction."""
+
+
+class InvalidResponseError(DurablyError):
+    """A response or resolution does not match what the run is waiting for."""
+
+
+class RunNotFoundError(DurablyError):
+    """No run with that id exists."""
+
+
+class RunFailedError(DurablyError):
+    """The run failed for good; it stays open for `retry()`."""
+
+    def __init__(self, run_id: str, error: str) -> None:
+        super().__init__(
+            f"run {run_id!r} failed: {error}. The run stays open: fix the cause, then call "
+            f"retry() on it (or `durably retry {run_id}`)."
+        )
+        self.run_id = run_id
+        self.error = error
+
+
+class RunCancelledError(DurablyError):
+    """The run was cancelled by request."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} was cancelled; start a new run to do the work again.")
+        self.run_id = run_id

