@@ -71,3 +71,21 @@ async def runtimes(client: DurableClient) -> AsyncIterator[Runtimes]:
     yield r
     for runtime in r.opened:
         await runtime.close()
+
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+async def record_history(client: DurableClient, run_id: str, name: str) -> None:
+    """Save a run's history for the replay test when DURABLY_RECORD_HISTORIES=1.
+
+    Recorded files are committed: CI replays them against the current
+    workflow code, which is how a change that breaks old runs is caught.
+    """
+    import os
+
+    if os.environ.get("DURABLY_RECORD_HISTORIES") != "1":
+        return
+    history = await client.temporal.get_workflow_handle(run_id).fetch_history()
+    HISTORIES.mkdir(exist_ok=True)
+    (HISTORIES / f"{name}.json").write_text(history.to_json())

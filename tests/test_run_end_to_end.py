@@ -18,10 +18,10 @@ from durably import (
     tool,
 )
 from durably.contract import SA_AGENT, SA_AGENT_VERSION, SA_STATUS
-from durably.messages import AssistantMessage, ModelResponse, ToolResultMessage
+from durably.messages import AssistantMessage, ModelResponse
 from durably.models import last_tool_results, tool_call
 
-from .conftest import Runtimes
+from .conftest import Runtimes, record_history
 
 
 class SearchArgs(BaseModel):
@@ -106,3 +106,4 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
     )
     assert f"{run.run_id}/tool:1:call_search_kb" in SEEN_OPERATIONS
     assert f"{run.run_id}/tool:2:c2" in SEEN_OPERATIONS
+    await record_history(client, run.run_id, "completed_two_tool_turns")

@@ -54,7 +54,9 @@ class Agent:
         names = [t.name for t in self.tools]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise RegistrationError(f"agent {self.id!r} has several tools named {dupes}; rename them")
+            raise RegistrationError(
+                f"agent {self.id!r} has several tools named {dupes}; rename them"
+            )
         object.__setattr__(self, "tools", tuple(self.tools))
 
     def tool(self, name: str) -> Tool[Any] | None:
@@ -134,7 +136,8 @@ class AgentRegistration:
         if unknown:
             raise RegistrationError(
                 f"{where}: tool_recovery names {unknown}, which the agent does not have "
-                f"(its tools: {sorted(t.name for t in self.agent.tools)}); fix the name or add the tool"
+                f"(its tools: {sorted(t.name for t in self.agent.tools)}); "
+                "fix the name or add the tool"
             )
         bad = {n: p for n, p in self.tool_recovery.items() if p not in _RECOVERIES}
         if bad:

@@ -146,19 +146,18 @@ class MessageRef(_Model):
 class ModelCallInput(_Model):
     """One model request, sent as a delta against the worker's transcript cache.
 
-    `base_length`/`base_digest` name the transcript the previous request
-    saw; `new` holds what was added since, inline or by reference;
-    `digest` is the digest of the whole transcript after `new`.
+    `base_length` is the length of the transcript the previous request saw;
+    `new` holds what was added since, inline or by reference; `digest` is the
+    digest of the whole transcript after `new`, which proves a rebuilt
+    transcript is the run's own. The run id is the activity's workflow id.
+    Every byte here is stored in history once per turn, so it stays lean.
     """
 
-    run_id: str
     agent_id: str
     version: str
     fingerprint: str
-    turn: int
     key: str
     base_length: int
-    base_digest: str
     new: list[Message | MessageRef]
     digest: str
 
@@ -177,11 +176,11 @@ class ModelCallResult(_Model):
 
 
 class ToolCallInput(_Model):
-    run_id: str
+    """One tool call; the run id is the activity's workflow id."""
+
     agent_id: str
     version: str
     fingerprint: str
-    turn: int
     key: str
     call: ToolCall
 
@@ -253,8 +252,8 @@ class RunSummary(_Model):
 class RunState(_Model):
     """A run's whole state: what the workflow holds and continue-as-new carries.
 
-    `sent_length`/`sent_digest` describe the transcript the last model
-    request saw; `refs` maps transcript positions not yet sent to the
+    `sent_length` is the length of the transcript the last model request
+    saw; `refs` maps transcript positions not yet sent to the
     operation whose activity produced them (see `MessageRef`).
     """
 
@@ -266,7 +265,6 @@ class RunState(_Model):
     transcript: list[Message] = Field(default_factory=list)
     digest: str
     sent_length: int = 0
-    sent_digest: str
     refs: dict[int, str] = Field(default_factory=dict)
     turns: int = 0
     usage: Usage = Field(default_factory=Usage)

@@ -3,13 +3,13 @@
 ::
 
     DurablyError
-    ├── RegistrationError          an agent registration is invalid, or clashes with one already registered
-    ├── DurableConflictError       the run (or registry) is in a state that does not allow the request
-    │   └── InteractionConflictError   a different response was already accepted for that interaction
-    ├── InvalidResponseError       a response or resolution does not fit what the run asked for
-    ├── RunNotFoundError           no run with that id exists in the namespace
-    ├── RunFailedError             the run failed; it stays open so an operator can `retry()` it
-    └── RunCancelledError          the run was cancelled
+    ├── RegistrationError         a registration is invalid or clashes with a registered one
+    ├── DurableConflictError      the run (or registry) is in a state that refuses the request
+    │   └── InteractionConflictError  another response was already accepted for it
+    ├── InvalidResponseError      a response or resolution does not fit what the run asked
+    ├── RunNotFoundError          no run with that id exists in the namespace
+    ├── RunFailedError            the run failed; it stays open for `retry()`
+    └── RunCancelledError         the run was cancelled
 
 Each message says what was wrong and what to do about it.
 """

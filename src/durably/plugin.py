@@ -30,10 +30,10 @@ class DurablyPlugin(SimplePlugin):
 
     def __init__(self, registry: AgentRegistry | Iterable[AgentRegistration]) -> None:
         self.registry = registry if isinstance(registry, AgentRegistry) else AgentRegistry(registry)
-        self.activities = AgentActivities(self.registry)
+        self.agent_activities = AgentActivities(self.registry)
         super().__init__(
             "durably.DurablyPlugin",
             data_converter=pydantic_data_converter,
             workflows=[AgentRunWorkflow],
-            activities=self.activities.methods(),
+            activities=self.agent_activities.methods(),
         )

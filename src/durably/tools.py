@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, get_type_hints, overload
@@ -67,7 +67,7 @@ class ToolContext:
             self._heartbeat(details)
 
 
-Execute = Callable[[Any, ToolContext], Awaitable[Any]]
+Execute = Callable[[Any, ToolContext], Coroutine[Any, Any, Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +96,9 @@ class Tool(Generic[ArgsT]):
                 "(providers reject other characters)"
             )
         if not (isinstance(self.input_model, type) and issubclass(self.input_model, BaseModel)):
-            raise TypeError(f"tool {self.name!r}: input_model must be a pydantic BaseModel subclass")
+            raise TypeError(
+                f"tool {self.name!r}: input_model must be a pydantic BaseModel subclass"
+            )
 
     @property
     def input_schema(self) -> dict[str, Any]:

@@ -48,9 +48,10 @@ HEARTBEAT_THROTTLE = timedelta(seconds=1)
 class DurableRuntime:
     """A connected client and a worker that runs only after `resume()`."""
 
-    def __init__(self, client: DurableClient, registry: AgentRegistry, worker: Worker) -> None:
+    def __init__(self, client: DurableClient, plugin: DurablyPlugin, worker: Worker) -> None:
         self.client = client
-        self.registry = registry
+        self.plugin = plugin
+        self.registry = plugin.registry
         self.worker = worker
         self._task: asyncio.Task[None] | None = None
 
@@ -73,7 +74,7 @@ class DurableRuntime:
             durable = client
         else:
             durable = DurableClient(client, task_queue=task_queue)
-        registry = AgentRegistry(agents)
+        plugin = DurablyPlugin(AgentRegistry(agents))
         options: dict[str, Any] = {
             "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
             "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
@@ -83,10 +84,10 @@ class DurableRuntime:
         worker = Worker(
             durable.temporal,
             task_queue=durable.task_queue,
-            plugins=[DurablyPlugin(registry)],
+            plugins=[plugin],
             **options,
         )
-        return cls(durable, registry, worker)
+        return cls(durable, plugin, worker)
 
     def register_agents(self, registrations: Iterable[AgentRegistration]) -> None:
         """Register a batch: all or nothing; an existing (id, version) is never replaced."""
@@ -95,7 +96,8 @@ class DurableRuntime:
     async def unregister_agent(self, agent_id: str, version: str | None = None) -> bool:
         """Remove an agent (or one version); refused while an unfinished run needs it."""
         wanted = [
-            r for r in self.registry.all()
+            r
+            for r in self.registry.all()
             if r.agent_id == agent_id and (version is None or r.version == version)
         ]
         if not wanted:

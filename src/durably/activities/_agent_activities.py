@@ -129,7 +129,8 @@ class AgentActivities:
         """One model request; invalid tool calls in the answer are marked, never run."""
         registration = self._registration(call.agent_id, call.version, call.fingerprint)
         agent = registration.agent
-        messages = await self._rebuild(call)
+        run_id = _run_id()
+        messages = await self._rebuild(run_id, call)
         request = ModelRequest(
             instructions=agent.instructions, messages=tuple(messages), tools=agent.tool_specs
         )
@@ -146,38 +147,36 @@ class AgentActivities:
                     non_retryable=registration.model_retry is None,
                 ) from exc
         message = _normalise_calls(response.message)
-        self.cache.put_output(call.run_id, call.key, message)
+        self.cache.put_output(run_id, call.key, message)
         return ModelCallResult(
             message=message,
             usage=response.usage,
             call_errors=_call_errors(registration, message.tool_calls),
         )
 
-    async def _rebuild(self, call: ModelCallInput) -> list[Message]:
+    async def _rebuild(self, run_id: str, call: ModelCallInput) -> list[Message]:
         """The full transcript from the cache, or from the workflow on a miss."""
-        cached = self.cache.transcript(call.run_id, call.base_length, call.base_digest)
+        cached = self.cache.transcript(run_id, call.base_length)
         messages: list[Message] | None = None
         if cached is not None:
             messages = cached
             for item in call.new:
                 found = (
-                    self.cache.output(call.run_id, item.ref)
-                    if isinstance(item, MessageRef)
-                    else item
+                    self.cache.output(run_id, item.ref) if isinstance(item, MessageRef) else item
                 )
                 if found is None:
                     messages = None
                     break
                 messages.append(found)
         if messages is None or _digest(messages) != call.digest:
-            messages = await _fetch_transcript(call.run_id)
+            messages = await _fetch_transcript(run_id)
         if _digest(messages) != call.digest:
             raise ApplicationError(
-                f"the transcript of run {call.run_id!r} does not match the digest the workflow "
+                f"the transcript of run {run_id!r} does not match the digest the workflow "
                 "sent; this is a bug in durably, please report it",
                 type=ErrorType.TRANSCRIPT_MISMATCH,
             )
-        self.cache.store(call.run_id, list(messages), call.digest)
+        self.cache.store(run_id, list(messages))
         return messages
 
     # -- tools --------------------------------------------------------------
@@ -188,7 +187,8 @@ class AgentActivities:
         registration = self._registration(call.agent_id, call.version, call.fingerprint)
         tool = registration.agent.tool(call.call.name)
         info = activity.info()
-        operation_id = f"{call.run_id}/{call.key}"
+        run_id = _run_id()
+        operation_id = f"{run_id}/{call.key}"
         if tool is None:  # the model activity rejects these; kept for direct callers
             return _error_result(call.call, f"unknown tool {call.call.name!r}")
         try:
@@ -198,12 +198,12 @@ class AgentActivities:
         abort = asyncio.Event()
         ctx = ToolContext(
             operation_id=operation_id,
-            run_id=call.run_id,
+            run_id=run_id,
             agent_id=call.agent_id,
             agent_version=call.version,
             attempt=info.attempt,
             abort_signal=abort,
-            logger=_log.bind(run_id=call.run_id, operation_id=operation_id, tool=tool.name),
+            logger=_log.bind(run_id=run_id, operation_id=operation_id, tool=tool.name),
             _heartbeat=activity.heartbeat,
         )
         task = asyncio.create_task(tool.execute(args, ctx), name=f"durably-tool-{tool.name}")
@@ -234,8 +234,18 @@ class AgentActivities:
             result = ToolResultMessage(
                 call_id=call.call.id, tool=tool.name, content=render_result(output)
             )
-        self.cache.put_output(call.run_id, call.key, result)
+        self.cache.put_output(run_id, call.key, result)
         return result
+
+
+def _run_id() -> str:
+    """The durable run id: the id of the workflow that scheduled this activity."""
+    workflow_id = activity.info().workflow_id
+    if workflow_id is None:
+        raise ApplicationError(
+            "durably activities run only inside AgentRunWorkflow", non_retryable=True
+        )
+    return workflow_id
 
 
 def _digest(messages: list[Message]) -> str:
@@ -249,9 +259,7 @@ async def _fetch_transcript(run_id: str) -> list[Message]:
     handle = activity.client().get_workflow_handle(run_id)
     messages: list[Message] = []
     while True:
-        page = await handle.query(
-            "transcript", len(messages), result_type=TranscriptPage
-        )
+        page = await handle.query("transcript", len(messages), result_type=TranscriptPage)
         messages.extend(page.messages)
         if len(messages) >= page.total or not page.messages:
             return messages

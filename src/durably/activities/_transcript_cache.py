@@ -24,12 +24,15 @@ __all__ = ["TranscriptCache"]
 @dataclass
 class _RunEntry:
     messages: list[Message] = field(default_factory=list)
-    digest: str = ""
     outputs: dict[str, Message] = field(default_factory=dict)
 
 
 class TranscriptCache:
-    """Per-run transcripts and activity outputs, least recently used first out."""
+    """Per-run transcripts and activity outputs, least recently used first out.
+
+    `max_runs=0` disables caching: every model request then rebuilds its
+    transcript from the workflow.
+    """
 
     def __init__(self, max_runs: int = 512) -> None:
         self._max_runs = max_runs
@@ -39,7 +42,10 @@ class TranscriptCache:
     def _entry(self, run_id: str) -> _RunEntry:
         entry = self._runs.get(run_id)
         if entry is None:
-            entry = self._runs[run_id] = _RunEntry()
+            entry = _RunEntry()
+            if self._max_runs == 0:
+                return entry
+            self._runs[run_id] = entry
             while len(self._runs) > self._max_runs:
                 self._runs.popitem(last=False)
         self._runs.move_to_end(run_id)
@@ -50,11 +56,14 @@ class TranscriptCache:
         with self._lock:
             self._entry(run_id).outputs[key] = message
 
-    def transcript(self, run_id: str, length: int, digest: str) -> list[Message] | None:
-        """The cached transcript if it is exactly `length` messages with `digest`."""
+    def transcript(self, run_id: str, length: int) -> list[Message] | None:
+        """The cached transcript if it is exactly `length` messages long.
+
+        The caller proves it is the run's own with the workflow's digest.
+        """
         with self._lock:
             entry = self._runs.get(run_id)
-            if entry is None or len(entry.messages) != length or entry.digest != digest:
+            if entry is None or len(entry.messages) != length:
                 return None
             return list(entry.messages)
 
@@ -63,12 +72,11 @@ class TranscriptCache:
             entry = self._runs.get(run_id)
             return None if entry is None else entry.outputs.get(key)
 
-    def store(self, run_id: str, messages: list[Message], digest: str) -> None:
+    def store(self, run_id: str, messages: list[Message]) -> None:
         """Replace the run's transcript; outputs it now contains are dropped."""
         with self._lock:
             entry = self._entry(run_id)
             entry.messages = messages
-            entry.digest = digest
             entry.outputs.clear()
 
     def forget(self, run_id: str) -> None:

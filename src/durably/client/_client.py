@@ -51,7 +51,9 @@ class DurableClient:
         profile: str | None = None,
     ) -> DurableClient:
         """Connect from arguments, else `TEMPORAL_ADDRESS`/`TEMPORAL_NAMESPACE`/config file."""
-        return cls(await connect_temporal(target, namespace, profile=profile), task_queue=task_queue)
+        return cls(
+            await connect_temporal(target, namespace, profile=profile), task_queue=task_queue
+        )
 
     async def start_run(
         self, agent_id: str, input: str, *, version: str | None = None, run_id: str | None = None
@@ -80,11 +82,15 @@ class DurableClient:
                 "Pick a new run_id, or omit it to get a generated one."
             ) from err
         except RPCError as err:
-            if err.status == RPCStatusCode.INVALID_ARGUMENT and "search attribute" in str(err).lower():
+            if (
+                err.status == RPCStatusCode.INVALID_ARGUMENT
+                and "search attribute" in str(err).lower()
+            ):
                 raise DurablyError(
                     "the Temporal namespace lacks durably's search attributes. Register them: "
-                    "`temporal operator search-attribute create --name DurablyStatus --type Keyword "
-                    "--name DurablyAgent --type Keyword --name DurablyAgentVersion --type Keyword` "
+                    "`temporal operator search-attribute create --name DurablyStatus "
+                    "--type Keyword --name DurablyAgent --type Keyword "
+                    "--name DurablyAgentVersion --type Keyword` "
                     f"(server said: {err.message})"
                 ) from err
             raise
@@ -123,9 +129,7 @@ class DurableClient:
         elif unfinished is False:
             clauses.append(f"{SA_STATUS.name} IN ('completed', 'cancelled')")
         query = " AND ".join(clauses)
-        return [
-            _summary(e) async for e in self.temporal.list_workflows(query, limit=limit)
-        ]
+        return [_summary(e) async for e in self.temporal.list_workflows(query, limit=limit)]
 
 
 def _summary(e: WorkflowExecution) -> RunSummary:
@@ -135,7 +139,7 @@ def _summary(e: WorkflowExecution) -> RunSummary:
         run_id=e.id,
         agent_id=sa.get(SA_AGENT),
         agent_version=sa.get(SA_AGENT_VERSION),
-        status=RunStatus(status) if status in RunStatus._value2member_map_ else None,
+        status=RunStatus(status) if status in set(RunStatus) else None,
         started_at=e.start_time,
         closed_at=e.close_time if isinstance(e.close_time, datetime) else None,
     )

@@ -23,7 +23,9 @@ from durably.messages import (
 
 __all__ = ["FunctionModel", "ScriptedModel", "Step", "final", "tool_call"]
 
-ModelFunction = Callable[[ModelRequest], "ModelResponse | AssistantMessage | Awaitable[ModelResponse | AssistantMessage]"]
+ModelFunction = Callable[
+    [ModelRequest], "ModelResponse | AssistantMessage | Awaitable[ModelResponse | AssistantMessage]"
+]
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
@@ -91,7 +93,11 @@ class ScriptedModel:
 
     @property
     def identity(self) -> Mapping[str, Any]:
-        return {"kind": "scripted", "name": self._name, "steps": [_describe(s) for s in self._steps]}
+        return {
+            "kind": "scripted",
+            "name": self._name,
+            "steps": [_describe(s) for s in self._steps],
+        }
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         index = sum(1 for m in request.messages if isinstance(m, AssistantMessage))
@@ -124,7 +130,9 @@ def _describe(step: Step) -> Any:
 
 def last_tool_results(request: ModelRequest) -> list[ToolResultMessage]:
     """The tool results that arrived since the model's last answer."""
-    tail = list(itertools.takewhile(lambda m: isinstance(m, ToolResultMessage), reversed(request.messages)))
+    tail = list(
+        itertools.takewhile(lambda m: isinstance(m, ToolResultMessage), reversed(request.messages))
+    )
     return [m for m in reversed(tail) if isinstance(m, ToolResultMessage)]
 
 

@@ -32,11 +32,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from functools import partial
 from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    TimeoutError,
+    is_cancelled_exception,
+)
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -89,7 +95,6 @@ class AgentRunWorkflow:
             input=input.input,
             requested_version=input.version,
             digest=EMPTY_DIGEST,
-            sent_digest=EMPTY_DIGEST,
         )
         self._run_id = workflow.info().workflow_id
         self._resume_requested = False
@@ -127,7 +132,7 @@ class AgentRunWorkflow:
                         ),
                     )
                     continue
-                answer = await self._operation(f"model:{turn}", lambda t=turn: self._model(t))
+                answer = await self._operation(f"model:{turn}", partial(self._model, turn))
                 s.turns = turn
                 s.usage = s.usage + answer.usage
                 calls = answer.message.tool_calls
@@ -146,9 +151,7 @@ class AgentRunWorkflow:
                         self._append(_error_result(call, rejected))
                         self._event("tool_rejected", key, rejected)
                         continue
-                    result = await self._operation(
-                        key, lambda c=call, k=key, t=turn: self._tool(t, k, c)
-                    )
+                    result = await self._operation(key, partial(self._tool, key, call))
                     self._append(result, ref=key)
                     self._event(
                         "tool_error" if result.is_error else "tool_completed",
@@ -212,14 +215,11 @@ class AgentRunWorkflow:
             for i, m in enumerate(s.transcript[s.sent_length :], start=s.sent_length)
         ]
         call = ModelCallInput(
-            run_id=self._run_id,
             agent_id=pin.agent_id,
             version=pin.version,
             fingerprint=pin.fingerprint,
-            turn=turn,
             key=key,
             base_length=s.sent_length,
-            base_digest=s.sent_digest,
             new=new,
             digest=s.digest,
         )
@@ -237,11 +237,10 @@ class AgentRunWorkflow:
             summary=f"model turn {turn}",
         )
         s.sent_length = len(s.transcript)
-        s.sent_digest = s.digest
         s.refs.clear()
         return result
 
-    async def _tool(self, turn: int, key: str, call: ToolCall) -> ToolResultMessage:
+    async def _tool(self, key: str, call: ToolCall) -> ToolResultMessage:
         pin = _require(self._s.pin)
         policy = pin.tools[call.name]
         workflow.set_current_details(
@@ -250,11 +249,9 @@ class AgentRunWorkflow:
         result: ToolResultMessage = await workflow.execute_activity(
             ACTIVITY_TOOL,
             ToolCallInput(
-                run_id=self._run_id,
                 agent_id=pin.agent_id,
                 version=pin.version,
                 fingerprint=pin.fingerprint,
-                turn=turn,
                 key=key,
                 call=call,
             ),
@@ -274,6 +271,9 @@ class AgentRunWorkflow:
             try:
                 return await op()
             except ActivityError as err:
+                if is_cancelled_exception(err):
+                    # The run was cancelled while this activity ran; it has stopped.
+                    raise asyncio.CancelledError() from err
                 status, attention = self._classify(key, err)
                 await self._park(status, error=_describe(err), key=key, attention=attention)
 
@@ -331,7 +331,9 @@ class AgentRunWorkflow:
             workflow.set_current_details(_attention_details(key, attention, error))
         else:
             self._event("run_failed", key, error)
-            workflow.set_current_details(f"**Failed**: {error}\n\nFix the cause, then retry the run.")
+            workflow.set_current_details(
+                f"**Failed**: {error}\n\nFix the cause, then retry the run."
+            )
         self._publish()
         self._resume_requested = False
         await workflow.wait_condition(lambda: self._resume_requested)
@@ -363,7 +365,9 @@ class AgentRunWorkflow:
         s = self._s
         s.event_seq += 1
         s.events.append(
-            RunEvent(seq=s.event_seq, at=workflow.now(), type=type, operation=operation, detail=detail)
+            RunEvent(
+                seq=s.event_seq, at=workflow.now(), type=type, operation=operation, detail=detail
+            )
         )
         del s.events[:-_EVENTS_KEPT]
 
@@ -375,7 +379,7 @@ class AgentRunWorkflow:
             SA_AGENT.name: s.agent_id,
             SA_AGENT_VERSION.name: s.pin.version if s.pin else None,
         }
-        updates: list[SearchAttributePair[str]] = []
+        updates: list[SearchAttributeUpdate[str]] = []
         for sa in SEARCH_ATTRIBUTES:
             value = wanted[sa.name]
             if value is not None and value != self._published[sa.name]:
