@@ -304,9 +304,7 @@ def print_breakdown(durably_m: Measurement, floor_m: Measurement) -> None:
         print(row.rstrip())
 
 
-def print_results(
-    results: Sequence[tuple[Measurement, Measurement]], *, breakdown: bool
-) -> None:
+def print_results(results: Sequence[tuple[Measurement, Measurement]], *, breakdown: bool) -> None:
     print(f"{'impl':<9}{'N':>6}{'events':>9}{'bytes':>12}{'bytes/turn':>12}{'wall s':>9}")
     for pair in results:
         for m in pair:
