@@ -16,16 +16,18 @@ from temporalio.worker import Replayer
 
 from durably.workflows import AgentRunWorkflow
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+HISTORIES = {
+    p.stem: p.read_text() for p in sorted((Path(__file__).parent / "histories").glob("*.json"))
+}
 
 
 def test_histories_are_recorded() -> None:
     """The replay test below has something to replay."""
-    assert len(HISTORIES) >= 5, [p.name for p in HISTORIES]
+    assert len(HISTORIES) >= 5, sorted(HISTORIES)
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
-async def test_recorded_history_replays(path: Path) -> None:
-    history = WorkflowHistory.from_json(path.stem, path.read_text())
+@pytest.mark.parametrize("name", sorted(HISTORIES))
+async def test_recorded_history_replays(name: str) -> None:
+    history = WorkflowHistory.from_json(name, HISTORIES[name])
     replayer = Replayer(workflows=[AgentRunWorkflow], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)

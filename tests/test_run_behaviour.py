@@ -201,6 +201,10 @@ class TestCancel:
         await runtimes.start([AgentRegistration(agent, version="1")])
         run = await client.start_run("slow", "go")
         await asyncio.wait_for(started.wait(), 30)
+        running = await run.snapshot()
+        assert running.status == RunStatus.RUNNING
+        assert running.current is not None
+        assert "Running tool `long_job` (tool:1:call_long_job" in running.current
 
         await run.cancel()
 

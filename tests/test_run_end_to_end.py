@@ -104,6 +104,22 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
         "support",
         "1",
     )
+    assert await desc.static_summary() == "support: my vpn and wifi are down"
+    history = await client.temporal.get_workflow_handle(run.run_id).fetch_history()
+    summaries = [
+        json.loads(e.user_metadata.summary.data)
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert summaries == [
+        "pin agent support",
+        "model turn 1",
+        "tool search_kb",
+        "model turn 2",
+        "tool search_kb",
+        "model turn 3",
+    ]
+    assert snap.current == "Completed after 3 turn(s)"
     assert f"{run.run_id}/tool:1:call_search_kb" in SEEN_OPERATIONS
     assert f"{run.run_id}/tool:2:c2" in SEEN_OPERATIONS
     await record_history(client, run.run_id, "completed_two_tool_turns")
