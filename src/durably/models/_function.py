@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -134,8 +133,3 @@ def last_tool_results(request: ModelRequest) -> list[ToolResultMessage]:
         itertools.takewhile(lambda m: isinstance(m, ToolResultMessage), reversed(request.messages))
     )
     return [m for m in reversed(tail) if isinstance(m, ToolResultMessage)]
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON, as tool results are shown to models."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
