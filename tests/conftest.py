@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 import uuid
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from durably import AgentRegistration, DurableClient, DurableRuntime
+from durably import (
+    AgentRegistration,
+    DurableClient,
+    DurableRuntime,
+    RunHandle,
+    RunSnapshot,
+    RunStatus,
+)
 from durably.contract import SEARCH_ATTRIBUTES
 
 BIN = Path(sys.executable).parent
@@ -89,3 +97,18 @@ async def record_history(client: DurableClient, run_id: str, name: str) -> None:
     history = await client.temporal.get_workflow_handle(run_id).fetch_history()
     HISTORIES.mkdir(exist_ok=True)
     (HISTORIES / f"{name}.json").write_text(history.to_json())
+
+
+async def wait_for_status(run: RunHandle, status: RunStatus, within: float = 30) -> RunSnapshot:
+    """The run's snapshot as soon as it reaches `status` (fails after `within` s)."""
+    async with asyncio.timeout(within):
+        while True:
+            snap = await run.snapshot()
+            if snap.status == status:
+                return snap
+            await asyncio.sleep(0.05)
+
+
+async def history_length(client: DurableClient, run: RunHandle) -> int:
+    history = await client.temporal.get_workflow_handle(run.run_id).fetch_history()
+    return len(history.events)

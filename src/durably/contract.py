@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.common import SearchAttributeKey
@@ -28,11 +28,19 @@ __all__ = [
     "WORKFLOW_TYPE",
     "AgentPin",
     "Attention",
+    "ErrorResolution",
+    "JsonResolution",
     "MessageRef",
     "ModelCallInput",
     "ModelCallResult",
     "PinRequest",
     "Recovery",
+    "RerunResolution",
+    "Resolution",
+    "ResolveToolAccepted",
+    "ResolveToolRequest",
+    "RetryAccepted",
+    "RetryRequest",
     "RetrySpec",
     "RunEvent",
     "RunInput",
@@ -193,6 +201,56 @@ class TranscriptPage(_Model):
     total: int
 
 
+class JsonResolution(_Model):
+    """The call's real result, read from the external system; checked against its output schema."""
+
+    type: Literal["json"]
+    value: Any
+
+
+class ErrorResolution(_Model):
+    """The call is known to have failed; the model reads `message` as its error."""
+
+    type: Literal["error"]
+    message: str = Field(min_length=1)
+
+
+class RerunResolution(_Model):
+    """The operator verified the effect did not happen: run the call once more."""
+
+    type: Literal["rerun"]
+
+
+Resolution = Annotated[
+    JsonResolution | ErrorResolution | RerunResolution, Field(discriminator="type")
+]
+
+
+class ResolveToolRequest(_Model):
+    """`resolve_tool` update input.
+
+    `resolution` stays a plain object here so the workflow's validator, not
+    the payload converter, rejects a bad one, with a message that says why.
+    """
+
+    operation: str
+    resolution: dict[str, Any]
+
+
+class ResolveToolAccepted(_Model):
+    operation: str
+    type: str
+
+
+class RetryRequest(_Model):
+    """`retry` update input (empty today; a model so fields can be added)."""
+
+
+class RetryAccepted(_Model):
+    operation: str | None
+    previous_status: RunStatus
+
+
 class RunEvent(_Model):
     """One committed step of a run, as operators read it."""
 
@@ -271,6 +329,8 @@ class RunState(_Model):
     outcome: dict[str, Any] | None = None
     error: str | None = None
     blocked_operation: str | None = None
+    failed_operation: str | None = None
+    retryable: bool = True
     attention: Attention | None = None
     events: list[RunEvent] = Field(default_factory=list)
     event_seq: int = 0

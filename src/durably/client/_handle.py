@@ -5,16 +5,46 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import timedelta
+from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from pydantic import BaseModel
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from durably.contract import RunResult, RunSnapshot, RunStatus
-from durably.errors import RunCancelledError, RunFailedError, RunNotFoundError
+from durably.contract import (
+    ResolveToolAccepted,
+    ResolveToolRequest,
+    RetryAccepted,
+    RetryRequest,
+    RunResult,
+    RunSnapshot,
+    RunStatus,
+)
+from durably.errors import (
+    DurableConflictError,
+    DurablyError,
+    InteractionConflictError,
+    InvalidResponseError,
+    RunCancelledError,
+    RunFailedError,
+    RunNotFoundError,
+)
 
 __all__ = ["RunHandle"]
 
 _QUERY_TIMEOUT = timedelta(seconds=10)
+# Update rejections carry the durably error's name as the ApplicationError type.
+_REJECTIONS: dict[str, type[DurablyError]] = {
+    "DurableConflictError": DurableConflictError,
+    "InteractionConflictError": InteractionConflictError,
+    "InvalidResponseError": InvalidResponseError,
+}
 
 
 class RunHandle:
@@ -74,6 +104,51 @@ class RunHandle:
                 raise RunCancelledError(self.run_id) from err
             raise RunFailedError(self.run_id, str(err.cause or err)) from err
         return result
+
+    async def resolve_tool(
+        self, operation: str, resolution: dict[str, Any] | BaseModel
+    ) -> ResolveToolAccepted:
+        """Supply the real outcome of the interrupted tool call `operation`.
+
+        `resolution` is `{"type": "json", "value": ...}` (checked against the
+        tool's output schema), `{"type": "error", "message": ...}`, or
+        `{"type": "rerun"}` once you verified the effect did not happen. A
+        rejected resolution changes nothing and raises `DurableConflictError`
+        or `InvalidResponseError`.
+        """
+        if isinstance(resolution, BaseModel):
+            resolution = resolution.model_dump(mode="json")
+        request = ResolveToolRequest(operation=operation, resolution=resolution)
+        accepted: ResolveToolAccepted = await self._update(
+            "resolve_tool", request, ResolveToolAccepted
+        )
+        return accepted
+
+    async def retry(self) -> RetryAccepted:
+        """Run a failed (or version-blocked) run's failed operation again.
+
+        Committed results are kept; a call blocked on an interrupted manual
+        tool stays blocked (resolve it instead). Raises `DurableConflictError`
+        on a run that is running, waiting, completed or cancelled.
+        """
+        accepted: RetryAccepted = await self._update("retry", RetryRequest(), RetryAccepted)
+        return accepted
+
+    async def _update(self, name: str, arg: BaseModel, result_type: type[Any]) -> Any:
+        try:
+            return await self._handle.execute_update(name, arg, result_type=result_type)
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type in _REJECTIONS:
+                raise _REJECTIONS[cause.type](cause.message) from err
+            raise DurablyError(f"run {self.run_id!r} rejected {name}: {cause}") from err
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise DurableConflictError(
+                    f"run {self.run_id!r} is closed (completed or cancelled) or does not "
+                    f"exist; {name} needs an open run"
+                ) from err
+            raise
 
     async def cancel(self) -> None:
         """Cancel the run: the running tool's `abort_signal` is set, then the run closes."""

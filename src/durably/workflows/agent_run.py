@@ -3,6 +3,12 @@
 Handlers:
     query ``snapshot`` -> RunSnapshot: the run as an operator sees it.
     query ``transcript(offset)`` -> TranscriptPage: for workers whose cache missed.
+    update ``resolve_tool(ResolveToolRequest)`` -> ResolveToolAccepted: supply the
+        real outcome of an interrupted manual tool call (json / error / rerun).
+    update ``retry(RetryRequest)`` -> RetryAccepted: run the failed operation again.
+
+Validators only raise, and reject before anything reaches history; an
+accepted update is applied in the same workflow task as the continuation.
 
 Deterministic orchestration only: every model request and tool call is an
 activity (`durably.model_request`, `durably.tool_call`) keyed by a
@@ -31,9 +37,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
@@ -46,6 +53,9 @@ from temporalio.exceptions import (
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    import jsonschema
+    from pydantic import TypeAdapter, ValidationError
+
     from durably._transcript import EMPTY_DIGEST, extend_digest
     from durably.contract import (
         ACTIVITY_MODEL,
@@ -58,10 +68,18 @@ with workflow.unsafe.imports_passed_through():
         WORKFLOW_TYPE,
         AgentPin,
         Attention,
+        ErrorResolution,
+        JsonResolution,
         MessageRef,
         ModelCallInput,
         ModelCallResult,
         PinRequest,
+        RerunResolution,
+        Resolution,
+        ResolveToolAccepted,
+        ResolveToolRequest,
+        RetryAccepted,
+        RetryRequest,
         RetrySpec,
         RunEvent,
         RunInput,
@@ -73,10 +91,14 @@ with workflow.unsafe.imports_passed_through():
         TranscriptPage,
     )
     from durably.messages import Message, ToolCall, ToolResultMessage, UserMessage
+    from durably.tools import render_result
 
 __all__ = ["AgentRunWorkflow"]
 
 T = TypeVar("T")
+_RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = TypeAdapter(
+    Resolution
+)
 _EVENTS_KEPT = 50
 _TRANSCRIPT_PAGE = 200
 # Crashed model requests (worker died, timed out) run again even without
@@ -97,7 +119,9 @@ class AgentRunWorkflow:
             digest=EMPTY_DIGEST,
         )
         self._run_id = workflow.info().workflow_id
-        self._resume_requested = False
+        # What an operator decided for the parked operation: a resolution, or
+        # "retry" (None while nothing was decided).
+        self._decision: JsonResolution | ErrorResolution | RerunResolution | str | None = None
         self._published: dict[str, str | None] = {
             SA_STATUS.name: _start_value(SA_STATUS),
             SA_AGENT.name: _start_value(SA_AGENT),
@@ -130,6 +154,7 @@ class AgentRunWorkflow:
                             "final answer; raise Agent.max_turns in a new version, or change the "
                             "instructions so the model finishes sooner"
                         ),
+                        retryable=False,
                     )
                     continue
                 answer = await self._operation(f"model:{turn}", partial(self._model, turn))
@@ -151,10 +176,13 @@ class AgentRunWorkflow:
                         self._append(_error_result(call, rejected))
                         self._event("tool_rejected", key, rejected)
                         continue
-                    result = await self._operation(key, partial(self._tool, key, call))
-                    self._append(result, ref=key)
+                    outcome = await self._operation(
+                        key, partial(self._tool, key, call), resolve=partial(_resolved, call)
+                    )
+                    result = outcome.message
+                    self._append(result, ref=key if outcome.from_activity else None)
                     self._event(
-                        "tool_error" if result.is_error else "tool_completed",
+                        outcome.event,
                         key,
                         result.content[:200] if result.is_error else call.name,
                     )
@@ -189,6 +217,98 @@ class AgentRunWorkflow:
     def transcript(self, offset: int) -> TranscriptPage:
         messages = self._s.transcript[offset : offset + _TRANSCRIPT_PAGE]
         return TranscriptPage(offset=offset, messages=messages, total=len(self._s.transcript))
+
+    @workflow.update(name="resolve_tool")
+    def resolve_tool(self, request: ResolveToolRequest) -> ResolveToolAccepted:
+        resolution = self._check_resolution(request)
+        self._decision = resolution
+        return ResolveToolAccepted(operation=request.operation, type=resolution.type)
+
+    @resolve_tool.validator
+    def _validate_resolve_tool(self, request: ResolveToolRequest) -> None:
+        self._check_resolution(request)
+
+    @workflow.update(name="retry")
+    def retry(self, request: RetryRequest) -> RetryAccepted:
+        self._check_retry()
+        s = self._s
+        accepted = RetryAccepted(
+            operation=s.blocked_operation or s.failed_operation, previous_status=s.status
+        )
+        self._decision = "retry"
+        return accepted
+
+    @retry.validator
+    def _validate_retry(self, request: RetryRequest) -> None:
+        self._check_retry()
+
+    def _check_resolution(
+        self, request: ResolveToolRequest
+    ) -> JsonResolution | ErrorResolution | RerunResolution:
+        """The resolution, if this run accepts it now; else a rejection saying why."""
+        s = self._s
+        if s.status != RunStatus.NEEDS_ATTENTION or s.blocked_operation is None:
+            raise _rejection(
+                "DurableConflictError",
+                f"run {self._run_id!r} is {s.status.value}, not needs_attention; resolve_tool "
+                "applies only to a run blocked on an interrupted tool call",
+            )
+        if request.operation != s.blocked_operation:
+            raise _rejection(
+                "DurableConflictError",
+                f"run {self._run_id!r} is blocked on {s.blocked_operation!r}, not "
+                f"{request.operation!r}; resolve the blocked operation",
+            )
+        if s.attention is None or s.attention.reason != "tool_interrupted":
+            reason = s.attention.reason if s.attention else "unknown"
+            raise _rejection(
+                "DurableConflictError",
+                f"run {self._run_id!r} is blocked by {reason}, not an interrupted tool; "
+                "fix the cause, then call retry()",
+            )
+        try:
+            resolution = _RESOLUTION.validate_python(request.resolution)
+        except ValidationError as err:
+            raise _rejection(
+                "InvalidResponseError",
+                "a resolution is {'type': 'json', 'value': ...}, "
+                "{'type': 'error', 'message': '...'} or {'type': 'rerun'}; "
+                f"got {request.resolution!r} ({_first_error(err)})",
+            ) from None
+        if isinstance(resolution, JsonResolution):
+            call = self._call_for(s.blocked_operation)
+            schema = _require(s.pin).tools[call.name].output_schema
+            problem = _schema_problem(schema, resolution.value)
+            if problem is not None:
+                raise _rejection(
+                    "InvalidResponseError",
+                    f"the value does not fit the output schema of tool {call.name!r}: {problem}",
+                )
+        return resolution
+
+    def _check_retry(self) -> None:
+        s = self._s
+        if s.status == RunStatus.NEEDS_ATTENTION and s.attention is not None:
+            if s.attention.reason == "tool_interrupted":
+                raise _rejection(
+                    "DurableConflictError",
+                    f"run {self._run_id!r} is blocked on the interrupted manual tool call "
+                    f"{s.blocked_operation!r}; retry() never repeats a manual call. Check the "
+                    "external system, then resolve_tool it (json, error, or rerun)",
+                )
+            return
+        if s.status != RunStatus.FAILED:
+            raise _rejection(
+                "DurableConflictError",
+                f"run {self._run_id!r} is {s.status.value}; retry() applies only to failed "
+                "or needs_attention runs",
+            )
+        if not s.retryable:
+            raise _rejection(
+                "DurableConflictError",
+                f"run {self._run_id!r} failed for a reason retrying cannot fix ({s.error}); "
+                "cancel it and start a new run",
+            )
 
     # -- operations ---------------------------------------------------------------
 
@@ -240,7 +360,7 @@ class AgentRunWorkflow:
         s.refs.clear()
         return result
 
-    async def _tool(self, key: str, call: ToolCall) -> ToolResultMessage:
+    async def _tool(self, key: str, call: ToolCall) -> _ToolOutcome:
         pin = _require(self._s.pin)
         policy = pin.tools[call.name]
         workflow.set_current_details(
@@ -263,10 +383,20 @@ class AgentRunWorkflow:
             activity_id=key,
             summary=f"tool {call.name}",
         )
-        return result
+        return _ToolOutcome(result, "tool_error" if result.is_error else "tool_completed")
 
-    async def _operation(self, key: str, op: Callable[[], Awaitable[T]]) -> T:
-        """Run an operation; on a final failure park the run, and try again on resume."""
+    async def _operation(
+        self,
+        key: str,
+        op: Callable[[], Awaitable[T]],
+        *,
+        resolve: Callable[[JsonResolution | ErrorResolution], T] | None = None,
+    ) -> T:
+        """Run an operation; on a final failure park the run until an operator decides.
+
+        `retry()` and a `rerun` resolution run it again under the same key
+        (so the same operation_id); a json/error resolution is its result.
+        """
         while True:
             try:
                 return await op()
@@ -275,7 +405,11 @@ class AgentRunWorkflow:
                     # The run was cancelled while this activity ran; it has stopped.
                     raise asyncio.CancelledError() from err
                 status, attention = self._classify(key, err)
-                await self._park(status, error=_describe(err), key=key, attention=attention)
+                decision = await self._park(
+                    status, error=_describe(err), key=key, attention=attention
+                )
+                if isinstance(decision, JsonResolution | ErrorResolution) and resolve:
+                    return resolve(decision)
 
     def _classify(self, key: str, err: ActivityError) -> tuple[RunStatus, Attention | None]:
         """Which status a failed operation leaves the run in."""
@@ -319,13 +453,16 @@ class AgentRunWorkflow:
         error: str,
         key: str | None = None,
         attention: Attention | None = None,
-    ) -> None:
-        """Hold the run open in `failed`/`needs_attention` until an operator acts."""
+        retryable: bool = True,
+    ) -> JsonResolution | ErrorResolution | RerunResolution | str:
+        """Hold the run open in `failed`/`needs_attention` until an operator decides."""
         s = self._s
         s.status = status
         s.error = error if status == RunStatus.FAILED else None
+        s.failed_operation = key if status == RunStatus.FAILED else None
         s.blocked_operation = key if status == RunStatus.NEEDS_ATTENTION else None
         s.attention = attention
+        s.retryable = retryable
         if status == RunStatus.NEEDS_ATTENTION:
             self._event("needs_attention", key, attention.reason if attention else error)
             workflow.set_current_details(_attention_details(key, attention, error))
@@ -335,13 +472,21 @@ class AgentRunWorkflow:
                 f"**Failed**: {error}\n\nFix the cause, then retry the run."
             )
         self._publish()
-        self._resume_requested = False
-        await workflow.wait_condition(lambda: self._resume_requested)
+        self._decision = None
+        await workflow.wait_condition(lambda: self._decision is not None)
+        decision = self._decision
+        assert decision is not None
+        self._decision = None
+        kind = decision if isinstance(decision, str) else decision.type
+        self._event("retried" if kind == "retry" else f"resolved_{kind}", key)
         s.status = RunStatus.RUNNING
         s.error = None
+        s.failed_operation = None
         s.blocked_operation = None
         s.attention = None
+        s.retryable = True
         self._publish()
+        return decision
 
     # -- state --------------------------------------------------------------------
 
@@ -387,6 +532,49 @@ class AgentRunWorkflow:
                 self._published[sa.name] = value
         if updates:
             workflow.upsert_search_attributes(updates)
+
+
+@dataclass(frozen=True)
+class _ToolOutcome:
+    """A tool call's committed result and how it came to be."""
+
+    message: ToolResultMessage
+    event: str
+    from_activity: bool = True
+
+
+def _resolved(call: ToolCall, resolution: JsonResolution | ErrorResolution) -> _ToolOutcome:
+    """The result an operator supplied for an interrupted call."""
+    if isinstance(resolution, JsonResolution):
+        message = ToolResultMessage(
+            call_id=call.id, tool=call.name, content=render_result(resolution.value)
+        )
+        return _ToolOutcome(message, "tool_resolved", from_activity=False)
+    return _ToolOutcome(_error_result(call, resolution.message), "tool_resolved", False)
+
+
+def _rejection(kind: str, message: str) -> ApplicationError:
+    """An update rejection the client maps back to the durably error named `kind`."""
+    return ApplicationError(message, type=kind, non_retryable=True)
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(root)"
+    return f"{where}: {first['msg']}"
+
+
+def _schema_problem(schema: dict[str, Any], value: Any) -> str | None:
+    """Why `value` does not fit the JSON schema, or None if it does."""
+    if not schema:
+        return None
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema).iter_errors(value)
+    )
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return f"{where}: {error.message}"
 
 
 def _start_value(key: SearchAttributeKey[str]) -> str | None:
