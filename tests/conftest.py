@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import sys
 import uuid
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from durably import (
@@ -92,20 +94,23 @@ async def record_history(client: DurableClient, run_id: str, name: str) -> None:
     """
     import os
 
-    if os.environ.get("DURABLY_RECORD_HISTORIES") != "1":
-        return
+    path = HISTORIES / f"{name}.json"
+    if os.environ.get("DURABLY_RECORD_HISTORIES") != "1" or path.exists():
+        return  # never overwrite: an old recording is what proves compatibility
     history = await client.temporal.get_workflow_handle(run_id).fetch_history()
     HISTORIES.mkdir(exist_ok=True)
-    (HISTORIES / f"{name}.json").write_text(history.to_json())
+    path.write_text(history.to_json())
 
 
 async def wait_for_status(run: RunHandle, status: RunStatus, within: float = 30) -> RunSnapshot:
     """The run's snapshot as soon as it reaches `status` (fails after `within` s)."""
     async with asyncio.timeout(within):
         while True:
-            snap = await run.snapshot()
-            if snap.status == status:
-                return snap
+            # A query may time out while the run's worker is dead; ask again.
+            with contextlib.suppress(RPCError):
+                snap = await run.snapshot()
+                if snap.status == status:
+                    return snap
             await asyncio.sleep(0.05)
 
 
