@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import sys
 import uuid
@@ -117,3 +118,26 @@ async def wait_for_status(run: RunHandle, status: RunStatus, within: float = 30)
 async def history_length(client: DurableClient, run: RunHandle) -> int:
     history = await client.temporal.get_workflow_handle(run.run_id).fetch_history()
     return len(history.events)
+
+
+_exit_status = 0
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the process once pytest is done, skipping interpreter teardown.
+
+    The Temporal client's native threads can crash CPython's teardown
+    (temporalio/sdk-python#300) and turn a passing run into exit code 134.
+    """
+    import logging
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status)

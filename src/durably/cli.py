@@ -1,5 +1,608 @@
-"""Placeholder; replaced below."""
+"""The `durably` command line.
+
+::
+
+    durably dev --demo                   local Temporal server + a worker with the example agent
+    durably worker --agents mod:attr     host your agents on any Temporal cluster
+    durably start AGENT INPUT --wait     start a run (and wait for its output)
+    durably runs list [--unfinished]     find runs
+    durably runs show RUN [--json]       read one run's snapshot
+    durably cancel RUN                   cancel a run
+
+`--target` and `--namespace` default to the standard `TEMPORAL_ADDRESS` /
+`TEMPORAL_NAMESPACE` environment variables and Temporal config file, else
+`localhost:7233` and `default`. A `DurablyError` prints its message in red
+and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Coroutine
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
 import typer
-app = typer.Typer()
-def main() -> None:
-    app()
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from durably.agents import AgentRegistration
+from durably.client import DurableClient
+from durably.contract import DEFAULT_TASK_QUEUE, RunSnapshot, RunStatus, RunSummary
+from durably.dev import DEFAULT_DB, DevServer
+from durably.errors import DurablyError
+
+__all__ = ["app", "main"]
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="durably",
+    help="Durable AI agent runs on Temporal.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+runs_app = typer.Typer(help="Find runs and read them.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+_STATUS_STYLE = {
+    RunStatus.RUNNING: "cyan",
+    RunStatus.WAITING: "yellow",
+    RunStatus.RETRY_WAIT: "yellow",
+    RunStatus.NEEDS_ATTENTION: "bold magenta",
+    RunStatus.FAILED: "bold red",
+    RunStatus.COMPLETED: "green",
+    RunStatus.CANCELLED: "dim",
+}
+
+Target = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        help="Temporal address host:port. Default: $TEMPORAL_ADDRESS, the Temporal config "
+        "file, else localhost:7233.",
+        show_default=False,
+    ),
+]
+Namespace = Annotated[
+    str | None,
+    typer.Option(
+        "--namespace",
+        help="Temporal namespace. Default: $TEMPORAL_NAMESPACE, the config file, else default.",
+        show_default=False,
+    ),
+]
+TaskQueue = Annotated[str, typer.Option("--task-queue", help="Task queue of durably's workers.")]
+
+
+# -- long-running commands ---------------------------------------------------------
+
+
+@app.command()
+def worker(
+    agents: Annotated[
+        str,
+        typer.Option(
+            "--agents",
+            help="Where the registrations are: `module:attr` naming an AgentRegistration, "
+            "a list of them, or a function returning them.",
+        ),
+    ],
+    target: Target = None,
+    namespace: Namespace = None,
+    task_queue: TaskQueue = DEFAULT_TASK_QUEUE,
+) -> None:
+    """Host the agents at `module:attr` until Ctrl-C or SIGTERM, then drain and exit."""
+    _import_from_cwd()
+    _run(_worker(agents, target, namespace, task_queue))
+
+
+async def _worker(agents: str, target: str | None, namespace: str | None, task_queue: str) -> None:
+    from durably.worker import run_worker
+
+    stop = _stop_on_signals()
+    try:
+        await run_worker(
+            agents, target=target, namespace=namespace, task_queue=task_queue, stop=stop
+        )
+    except RuntimeError as err:
+        raise _connect_error(target, err) from err
+    console.print("Worker stopped.")
+
+
+@app.command()
+def dev(
+    demo: Annotated[
+        bool, typer.Option("--demo", help="Start a run of the example agent and show its result.")
+    ] = False,
+    port: Annotated[int, typer.Option("--port", help="gRPC port of the Temporal server.")] = 7233,
+    ui_port: Annotated[int, typer.Option("--ui-port", help="Port of the Temporal Web UI.")] = 8233,
+    db: Annotated[
+        Path, typer.Option("--db", help="SQLite file the server persists to (kept across runs).")
+    ] = DEFAULT_DB,
+    agents: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--agents",
+            help="Also host the registrations at `module:attr` (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Run a local Temporal dev server and a worker hosting the support-desk example.
+
+    The database is kept, so a rerun finds earlier runs and the worker finishes
+    unfinished ones. Ctrl-C stops the worker, then the server.
+    """
+    _import_from_cwd()
+    _run(_dev(demo=demo, port=port, ui_port=ui_port, db=db, agents=agents or []))
+
+
+async def _dev(*, demo: bool, port: int, ui_port: int, db: Path, agents: list[str]) -> None:
+    from durably.examples import support_desk
+    from durably.worker import load_registrations
+
+    # Every worker on a task queue must host the same agents: the dev worker
+    # hosts the example and the user's agents together.
+    registrations = list(support_desk.registrations)
+    for spec in agents:
+        registrations += load_registrations(spec)
+    stop = _stop_on_signals()
+    server = DevServer(db=db, port=port, ui_port=ui_port)
+    console.print(f"Starting the Temporal dev server on {server.address} (database {db}) …")
+    try:
+        temporal = await _until(stop, server.start())
+        if temporal is not None:
+            await _serve(temporal, server, stop, registrations, demo=demo)
+        console.print("Stopping the Temporal dev server …")
+    finally:
+        await server.stop()
+    console.print("Stopped.")
+
+
+async def _serve(
+    temporal: Client,
+    server: DevServer,
+    stop: asyncio.Event,
+    registrations: list[AgentRegistration],
+    *,
+    demo: bool,
+) -> None:
+    """Host `registrations` on `temporal` until `stop`; the worker drains before returning."""
+    from durably.examples import support_desk
+    from durably.worker import DurableRuntime
+
+    runtime = await DurableRuntime.open(client=DurableClient(temporal), agents=registrations)
+    try:
+        await runtime.resume()
+        _banner(server, runtime.registry.describe())
+        await _report_unfinished(runtime.client)
+        if demo:
+            await _until(stop, _demo(runtime.client, server, support_desk.demo_input()))
+        if not stop.is_set():
+            console.print("Serving. Press Ctrl-C to stop.")
+        await stop.wait()
+        console.print("Stopping the worker …")
+    finally:
+        await runtime.close()
+
+
+async def _demo(client: DurableClient, server: DevServer, text: str) -> None:
+    from durably.examples.support_desk import AGENT_ID
+
+    run = await client.start_run(AGENT_ID, text)
+    console.print(Text(f"Demo run: {run.run_id}", style="bold"))
+    console.print(Text(f"  Web UI: {server.workflow_url(run.run_id)}"))
+    console.print(Text(f"  Input:  {text}"))
+    try:
+        result = await run.result()
+    except DurablyError as err:
+        err_console.print(Text(f"Demo run did not complete: {err}", style="red"))
+        return
+    console.print(Text(f"Demo output: {result.output}", style="green"))
+
+
+def _banner(server: DevServer, agents: str) -> None:
+    """What runs where, and how to start a run; plain lines, so commands copy cleanly."""
+    default_port = server.port == 7233
+    address = "" if default_port else f" --address {server.address}"
+    target = "" if default_port else f" --target {server.address}"
+    start_input = json.dumps(
+        {"agent_id": "support-desk", "input": "My printer queue is stuck", "version": None},
+        separators=(",", ":"),
+    )
+    durably, temporal = _command("durably"), _command("temporal")
+    console.print(Text("durably dev is running", style="bold green"))
+    for name, value in (
+        ("Temporal server", f"{server.address} (namespace {server.namespace})"),
+        ("Database", f"{server.db} (server log: {server.log_path})"),
+        ("Web UI", server.ui_url),
+        ("Worker", f"task queue {DEFAULT_TASK_QUEUE}, agents {agents}"),
+    ):
+        console.print(Text.assemble("  ", (f"{name:<17}", "bold"), value))
+    console.print(Text("Start a run:", style="bold"))
+    console.print(
+        Text(f"  {durably} start support-desk 'My printer queue is stuck'{target} --wait")
+    )
+    console.print(
+        Text(
+            f"  {temporal} workflow start --type AgentRunWorkflow --task-queue "
+            f"{DEFAULT_TASK_QUEUE}{address} --input '{start_input}'"
+        )
+    )
+    console.print(
+        Text.assemble(
+            ("Find runs: ", "bold"),
+            f"{durably} runs list{target}, or the Web UI (search attributes DurablyStatus, "
+            "DurablyAgent)",
+        )
+    )
+
+
+async def _report_unfinished(client: DurableClient) -> None:
+    try:
+        unfinished = await client.list_runs(unfinished=True, limit=100)
+    except RPCError:
+        return
+    if unfinished:
+        console.print(
+            f"{len(unfinished)} unfinished run(s) in this database; the worker continues "
+            "those that can run (see `durably runs list --unfinished`)."
+        )
+
+
+# -- runs -----------------------------------------------------------------------
+
+
+@app.command()
+def start(
+    agent_id: Annotated[str, typer.Argument(help="The agent to run.")],
+    input: Annotated[str, typer.Argument(help="The user's request.")],
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version", help="Agent version (default: newest registered).", show_default=False
+        ),
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id", help="Run id (default: generated; never reused).", show_default=False
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait for the run and print its output.")
+    ] = False,
+    target: Target = None,
+    namespace: Namespace = None,
+    task_queue: TaskQueue = DEFAULT_TASK_QUEUE,
+) -> None:
+    """Start a run of AGENT_ID with INPUT."""
+    _run(_start(agent_id, input, version, run_id, wait, target, namespace, task_queue))
+
+
+async def _start(
+    agent_id: str,
+    input: str,
+    version: str | None,
+    run_id: str | None,
+    wait: bool,
+    target: str | None,
+    namespace: str | None,
+    task_queue: str,
+) -> None:
+    client = await _connect(target, namespace, task_queue)
+    run = await client.start_run(agent_id, input, version=version, run_id=run_id)
+    console.print(Text(f"Started run {run.run_id}"))
+    if wait:
+        result = await run.result()
+        console.print(Text(f"Completed after {result.turns} turn(s)", style="green"))
+        console.print(Text(result.output or ""))
+
+
+@app.command()
+def cancel(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """Cancel a run: a running tool sees its abort signal, then the run ends cancelled."""
+    _run(_cancel(run_id, target, namespace))
+
+
+async def _cancel(run_id: str, target: str | None, namespace: str | None) -> None:
+    client = await _connect(target, namespace)
+    run = await client.get_run(run_id)
+    await run.cancel()
+    console.print(Text(f"Cancellation of run {run_id} requested."))
+
+
+@runs_app.command("list")
+def runs_list(
+    status: Annotated[
+        RunStatus | None,
+        typer.Option("--status", help="Only runs in this status.", show_default=False),
+    ] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Only runs of this agent.", show_default=False)
+    ] = None,
+    unfinished: Annotated[
+        bool, typer.Option("--unfinished", help="Only runs that are not completed or cancelled.")
+    ] = False,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many runs.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """List runs, newest first."""
+    _run(_runs_list(status, agent, unfinished, limit, as_json, target, namespace))
+
+
+async def _runs_list(
+    status: RunStatus | None,
+    agent: str | None,
+    unfinished: bool,
+    limit: int,
+    as_json: bool,
+    target: str | None,
+    namespace: str | None,
+) -> None:
+    client = await _connect(target, namespace)
+    runs = await client.list_runs(
+        status=status, agent_id=agent, unfinished=True if unfinished else None, limit=limit
+    )
+    if as_json:
+        print(json.dumps([r.model_dump(mode="json") for r in runs], indent=2))
+        return
+    if not runs:
+        console.print("No runs found.")
+        return
+    console.print(_runs_table(runs))
+
+
+def _runs_table(runs: list[RunSummary]) -> Table:
+    table = Table(box=None, pad_edge=False, padding=(0, 1))
+    for name in ("run id", "agent", "status", "started", "closed"):
+        table.add_column(name, no_wrap=True)
+    for r in runs:
+        agent = f"{r.agent_id or '-'}@{r.agent_version}" if r.agent_version else r.agent_id
+        table.add_row(
+            Text(r.run_id),
+            Text(agent or "-"),
+            _status_text(r.status),
+            _time(r.started_at, "%m-%d %H:%M"),
+            _time(r.closed_at, "%m-%d %H:%M"),
+        )
+    return table
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """Show a run's snapshot: status, outcome, what it waits for, recent events."""
+    _run(_runs_show(run_id, as_json, target, namespace))
+
+
+async def _runs_show(run_id: str, as_json: bool, target: str | None, namespace: str | None) -> None:
+    client = await _connect(target, namespace)
+    run = await client.get_run(run_id)
+    snap = await run.snapshot()
+    if as_json:
+        print(snap.model_dump_json(indent=2))
+        return
+    console.print(_snapshot_view(snap))
+
+
+def _snapshot_view(snap: RunSnapshot) -> Group:
+    """The snapshot as a panel of fields, then its recent events."""
+    fields = Table.grid(padding=(0, 2))
+    fields.add_column(style="bold", no_wrap=True)
+    fields.add_column()
+
+    def row(name: str, value: str | Text | None) -> None:
+        if value:
+            fields.add_row(name, value if isinstance(value, Text) else Text(value))
+
+    row("status", _status_text(snap.status))
+    row("agent", f"{snap.agent_id}@{snap.agent_version}" if snap.agent_version else snap.agent_id)
+    usage = snap.usage
+    row(
+        "turns",
+        f"{snap.turns}  ({usage.requests} model request(s), {usage.input_tokens} input / "
+        f"{usage.output_tokens} output tokens)",
+    )
+    row("now", snap.current)
+    outcome = snap.outcome or {}
+    if outcome.get("type") == "completed":
+        row("output", str(outcome.get("output") or ""))
+    elif outcome:
+        row("waiting for", json.dumps(outcome.get("interaction", outcome), ensure_ascii=False))
+    row("blocked", snap.blocked_operation)
+    if snap.attention is not None:
+        detail = snap.attention.detail
+        shown = json.dumps(detail, ensure_ascii=False) if detail else ""
+        row("attention", f"{snap.attention.reason} {shown}".strip())
+    row("next attempt", _time(snap.next_attempt_at) if snap.next_attempt_at else None)
+    row("attempt", str(snap.attempt) if snap.attempt else None)
+    if snap.error:
+        row("error", Text(snap.error, style="red"))
+    panel = Panel(fields, title=escape(f"run {snap.run_id}"), title_align="left")
+    if not snap.events:
+        return Group(panel)
+    events = Table(box=None, pad_edge=False, padding=(0, 1), title_justify="left")
+    for name in ("#", "at", "event", "operation", "detail"):
+        events.add_column(name, no_wrap=True, justify="right" if name == "#" else "left")
+    # Clip details to what is left of the line, so the other columns stay whole.
+    used = sum(
+        max(len(text) for text in column)
+        for column in (
+            [str(e.seq) for e in snap.events],
+            ["00:00:00"],
+            [e.type for e in snap.events],
+            [e.operation or "" for e in snap.events],
+        )
+    )
+    room = max(20, console.width - used - 4 * 2)
+    for e in snap.events:
+        events.add_row(
+            str(e.seq),
+            _time(e.at, "%H:%M:%S"),
+            Text(e.type),
+            Text(e.operation or ""),
+            Text(_clip(e.detail or "", room)),
+        )
+    return Group(panel, Text("recent events", style="bold"), events)
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def _run(main: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; expected errors become a red line and exit 1."""
+    try:
+        return asyncio.run(main)
+    except DurablyError as err:
+        err_console.print(Text(f"error: {err}", style="red"))
+    except RPCError as err:
+        err_console.print(Text(f"error: Temporal refused the request: {err.message}", style="red"))
+    raise typer.Exit(1)
+
+
+async def _connect(
+    target: str | None, namespace: str | None, task_queue: str = DEFAULT_TASK_QUEUE
+) -> DurableClient:
+    try:
+        return await DurableClient.connect(target, namespace, task_queue)
+    except RuntimeError as err:
+        raise _connect_error(target, err) from err
+
+
+def _connect_error(target: str | None, err: RuntimeError) -> DurablyError | RuntimeError:
+    if "connect" not in str(err).lower():
+        return err
+    where = target or os.environ.get("TEMPORAL_ADDRESS") or "the configured address"
+    return DurablyError(
+        f"cannot connect to Temporal at {where} ({err}). Start a local server with "
+        "`durably dev`, or point --target (or TEMPORAL_ADDRESS) at your cluster."
+    )
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT (Ctrl-C) or SIGTERM, for a clean shutdown."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    first: list[float] = []
+
+    def on_signal() -> None:
+        # A child forked at that instant can relay the same signal once more
+        # (it shares the loop's wakeup fd until exec): answer only a real repeat.
+        if first and loop.time() - first[0] > 1.0:
+            console.print("Already stopping; waiting for the worker and server to exit …")
+        first.append(loop.time())
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal)
+        except (NotImplementedError, RuntimeError):  # no signal support in this loop
+            signal.signal(sig, lambda *_: loop.call_soon_threadsafe(on_signal))
+    return stop
+
+
+async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
+    """Await `work` unless `stop` is set first (then cancel it and return None)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+def _import_from_cwd() -> None:
+    """Resolve `module:attr` from the working directory, as `python -m` does."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def _status_text(status: RunStatus | None) -> Text:
+    if status is None:
+        return Text("-")
+    return Text(status.value, style=_STATUS_STYLE.get(status, ""))
+
+
+def _time(value: datetime | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    if value is None:
+        return "-"
+    return value.astimezone().strftime(fmt)
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _command(name: str) -> str:
+    """How to type `name` here: bare if PATH finds this environment's copy."""
+    beside = shutil.which(name, path=str(Path(sys.executable).parent))
+    if beside is None or shutil.which(name) == beside:
+        return name
+    try:
+        return str(Path(beside).relative_to(Path.cwd()))
+    except ValueError:
+        return beside
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `durably` console script (also `python -m durably`).
+
+    The process ends with `os._exit` once output is flushed: the Temporal
+    client's native threads can crash CPython's interpreter teardown
+    (temporalio/sdk-python#300), which would turn a clean exit into a
+    SIGSEGV/SIGABRT status.
+    """
+    code = 0
+    try:
+        app(args=argv, prog_name="durably")
+    except SystemExit as exit:
+        if isinstance(exit.code, str):
+            print(exit.code, file=sys.stderr)
+            code = 1
+        else:
+            code = exit.code or 0
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    os._exit(code)

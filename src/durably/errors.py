@@ -9,7 +9,8 @@
     ├── InvalidResponseError      a response or resolution does not fit what the run asked
     ├── RunNotFoundError          no run with that id exists in the namespace
     ├── RunFailedError            the run failed; it stays open for `retry()`
-    └── RunCancelledError         the run was cancelled
+    ├── RunCancelledError         the run was cancelled
+    └── DevServerError            the local dev server could not start or serve
 
 Each message says what was wrong and what to do about it.
 """
@@ -17,6 +18,7 @@ Each message says what was wrong and what to do about it.
 from __future__ import annotations
 
 __all__ = [
+    "DevServerError",
     "DurableConflictError",
     "DurablyError",
     "InteractionConflictError",
@@ -57,8 +59,8 @@ class RunFailedError(DurablyError):
 
     def __init__(self, run_id: str, error: str) -> None:
         super().__init__(
-            f"run {run_id!r} failed: {error}. The run stays open: fix the cause, then call "
-            f"retry() on it (or `durably retry {run_id}`)."
+            f"run {run_id!r} failed: {error.rstrip('.')}. The run stays open: fix the cause, "
+            f"then call retry() on it (or `durably retry {run_id}`)."
         )
         self.run_id = run_id
         self.error = error
@@ -70,3 +72,7 @@ class RunCancelledError(DurablyError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id!r} was cancelled; start a new run to do the work again.")
         self.run_id = run_id
+
+
+class DevServerError(DurablyError):
+    """The local Temporal dev server (`durably dev`) could not start or serve."""

@@ -188,9 +188,11 @@ async def run_worker(
 
 def main() -> None:
     """`python -m durably.worker`: the same as `durably worker`."""
-    from durably.cli import app
+    import sys
 
-    app(["worker", *__import__("sys").argv[1:]])
+    from durably.cli import main as cli_main
+
+    cli_main(["worker", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

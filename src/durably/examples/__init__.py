@@ -1,0 +1,7 @@
+"""Example agents bundled with durably.
+
+`durably.examples.support_desk` is the agent `durably dev` hosts: it runs
+offline (a scripted model) and shows both retrying recovery policies::
+
+    durably worker --agents durably.examples.support_desk:registrations
+"""

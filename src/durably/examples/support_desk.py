@@ -1,0 +1,293 @@
+"""The support-desk example: search a knowledge base, open a ticket, answer.
+
+It shows the two retrying recovery policies side by side:
+
+- `search_kb` is `safe`: it only reads, so an uncertain call simply runs again.
+- `create_ticket` is `idempotent`: it writes, so it keys the ticket by
+  `ctx.operation_id`. A retry after a crash finds the ticket the first
+  attempt made and returns it instead of opening a second one.
+
+The model is scripted (no API key needed): it searches, opens a ticket, then
+answers with the ticket id. Each step is a function of the request, chosen by
+the number of answers the model already gave, so a restarted worker picks
+the run up exactly where it was. `build_model()` is the seam where a real
+provider will be chosen from the environment.
+
+Host it with `durably dev`, or on any cluster with::
+
+    durably worker --agents durably.examples.support_desk:registrations
+
+Tickets live in a small SQLite file under `./.durably/tickets` (or
+`$DURABLY_TICKETS_DIR`), relative to the worker's working directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from durably.agents import Agent, AgentRegistration
+from durably.messages import AssistantMessage, ModelRequest, ToolResultMessage, UserMessage
+from durably.models import Model, ScriptedModel, last_tool_results, tool_call
+from durably.tools import ToolContext, tool
+
+__all__ = [
+    "AGENT_ID",
+    "Article",
+    "SearchArgs",
+    "SearchResult",
+    "Ticket",
+    "TicketArgs",
+    "build_model",
+    "build_registrations",
+    "create_ticket",
+    "demo_input",
+    "registrations",
+    "search_kb",
+    "tickets_dir",
+]
+
+AGENT_ID = "support-desk"
+
+INSTRUCTIONS = (
+    "You are a support-desk assistant. Search the knowledge base for the user's problem "
+    "with search_kb, open a ticket for it with create_ticket, then answer with the ticket "
+    "id and the most relevant articles."
+)
+
+
+# -- tools -------------------------------------------------------------------------
+
+
+class SearchArgs(BaseModel):
+    query: str = Field(description="What the user needs help with, in a few words.")
+
+
+class Article(BaseModel):
+    id: str
+    title: str
+    snippet: str
+
+
+class SearchResult(BaseModel):
+    articles: list[Article]
+
+
+class TicketArgs(BaseModel):
+    subject: str = Field(description="One line summing up the problem.")
+    description: str = Field(description="What the user reported and what was suggested.")
+    priority: Literal["low", "normal", "high"] = "normal"
+
+
+class Ticket(BaseModel):
+    ticket_id: str
+    subject: str
+    priority: Literal["low", "normal", "high"]
+    status: Literal["open"] = "open"
+
+
+_KB: tuple[tuple[frozenset[str], Article], ...] = (
+    (
+        frozenset({"vpn", "disconnect", "disconnects", "drops", "tunnel", "remote"}),
+        Article(
+            id="KB-102",
+            title="VPN drops every few minutes",
+            snippet="Update the VPN client to 5.2 or later and turn off 'Wi-Fi power saving'.",
+        ),
+    ),
+    (
+        frozenset({"wiki", "intranet", "internal", "reach", "dns"}),
+        Article(
+            id="KB-117",
+            title="Internal sites do not load on VPN",
+            snippet="Reconnect the VPN so it pushes the internal DNS servers, then flush DNS.",
+        ),
+    ),
+    (
+        frozenset({"password", "reset", "login", "locked", "account"}),
+        Article(
+            id="KB-031",
+            title="Reset a forgotten password",
+            snippet="Use the self-service portal; accounts unlock 15 minutes after a reset.",
+        ),
+    ),
+    (
+        frozenset({"printer", "print", "printing", "queue"}),
+        Article(
+            id="KB-210",
+            title="Jobs stuck in the print queue",
+            snippet="Clear the queue from the printer's web page and re-add the printer.",
+        ),
+    ),
+    (
+        frozenset({"email", "mail", "outlook", "mailbox"}),
+        Article(
+            id="KB-088",
+            title="Mail does not sync",
+            snippet="Remove and re-add the account; mailboxes over 50 GB need archiving first.",
+        ),
+    ),
+)
+
+
+@tool
+async def search_kb(args: SearchArgs, ctx: ToolContext) -> SearchResult:
+    """Search the support knowledge base; returns up to three matching articles."""
+    words = set(re.findall(r"[a-z0-9-]+", args.query.lower()))
+    scored = [(len(words & keywords), article) for keywords, article in _KB]
+    best = sorted((s for s in scored if s[0] > 0), key=lambda s: -s[0])[:3]
+    ctx.logger.info("searched the knowledge base", query=args.query, hits=len(best))
+    return SearchResult(articles=[article for _, article in best])
+
+
+def tickets_dir() -> Path:
+    """Where tickets are kept: `$DURABLY_TICKETS_DIR`, else `./.durably/tickets`."""
+    return Path(os.environ.get("DURABLY_TICKETS_DIR") or Path(".durably") / "tickets")
+
+
+def _open_ticket(directory: Path, operation_id: str, args: TicketArgs) -> tuple[int, bool]:
+    """Insert the ticket for `operation_id` unless it exists; (number, created)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "tickets.sqlite"
+    # closing() closes the connection; the inner `db` commits (or rolls back) the transaction.
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db, db:
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS tickets ("
+            " number INTEGER PRIMARY KEY AUTOINCREMENT,"
+            " operation_id TEXT NOT NULL UNIQUE,"
+            " subject TEXT NOT NULL, description TEXT NOT NULL, priority TEXT NOT NULL,"
+            " created_at TEXT NOT NULL)"
+        )
+        inserted = db.execute(
+            "INSERT OR IGNORE INTO tickets"
+            " (operation_id, subject, description, priority, created_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (
+                operation_id,
+                args.subject,
+                args.description,
+                args.priority,
+                datetime.now(UTC).isoformat(),
+            ),
+        ).rowcount
+        row = db.execute(
+            "SELECT number FROM tickets WHERE operation_id = ?", (operation_id,)
+        ).fetchone()
+    return int(row[0]), inserted == 1
+
+
+@tool
+async def create_ticket(args: TicketArgs, ctx: ToolContext) -> Ticket:
+    """Open a support ticket; returns its id. Safe to retry: keyed by the operation id."""
+    number, created = await asyncio.to_thread(_open_ticket, tickets_dir(), ctx.operation_id, args)
+    ticket_id = f"T-{1000 + number}"
+    if created:
+        ctx.logger.info("opened a ticket", ticket_id=ticket_id)
+    else:
+        ctx.logger.info("ticket already opened by an earlier attempt", ticket_id=ticket_id)
+    return Ticket(ticket_id=ticket_id, subject=args.subject, priority=args.priority)
+
+
+# -- the scripted model ------------------------------------------------------------
+
+
+def _question(request: ModelRequest) -> str:
+    return next((m.content for m in request.messages if isinstance(m, UserMessage)), "")
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _articles(request: ModelRequest) -> list[Article]:
+    """The articles of the run's latest successful search."""
+    for m in reversed(request.messages):
+        if isinstance(m, ToolResultMessage) and m.tool == "search_kb" and not m.is_error:
+            return SearchResult.model_validate_json(m.content).articles
+    return []
+
+
+def search_step(request: ModelRequest) -> AssistantMessage:
+    """Turn 1: search the knowledge base for the user's words."""
+    return AssistantMessage(
+        tool_calls=(tool_call("search_kb", query=_shorten(_question(request), 200)),)
+    )
+
+
+def ticket_step(request: ModelRequest) -> AssistantMessage:
+    """Turn 2: open a ticket that names what the search found."""
+    question = _question(request)
+    found = "; ".join(f"{a.id} {a.title}" for a in _articles(request)) or "none"
+    return AssistantMessage(
+        content="Opening a ticket so the support team can follow up.",
+        tool_calls=(
+            tool_call(
+                "create_ticket",
+                subject=_shorten(question, 80),
+                description=f"{question}\n\nSuggested articles: {found}",
+                priority="normal",
+            ),
+        ),
+    )
+
+
+def answer_step(request: ModelRequest) -> AssistantMessage:
+    """Turn 3: the final answer, with the ticket id from the tool result."""
+    results = last_tool_results(request)
+    ticket = next((r for r in results if r.tool == "create_ticket"), None)
+    if ticket is None or ticket.is_error:
+        reason = ticket.content if ticket else "no ticket result"
+        return AssistantMessage(content=f"I could not open a ticket ({reason}). Please try again.")
+    ticket_id = Ticket.model_validate_json(ticket.content).ticket_id
+    tips = " ".join(f"{a.title} ({a.id}): {a.snippet}" for a in _articles(request))
+    text = f"I opened ticket {ticket_id} for you; the support team will follow up."
+    return AssistantMessage(content=f"{text} Meanwhile: {tips}" if tips else text)
+
+
+def build_model() -> Model:
+    """The model the support desk uses.
+
+    Today: the offline scripted model. This is the seam where a provider
+    (an OpenAI-compatible chat model when `OPENAI_API_KEY`/`OPENAI_BASE_URL`
+    is set) will be chosen; a different model changes the registration's
+    fingerprint, so it must come with a new version.
+    """
+    return ScriptedModel([search_step, ticket_step, answer_step], name="support-desk-scripted")
+
+
+def build_registrations() -> list[AgentRegistration]:
+    """The support-desk agent at version "1", with its recovery policies."""
+    agent = Agent(
+        id=AGENT_ID,
+        model=build_model(),
+        instructions=INSTRUCTIONS,
+        tools=[search_kb, create_ticket],
+        max_turns=6,
+    )
+    return [
+        AgentRegistration(
+            agent,
+            version="1",
+            tool_recovery={"search_kb": "safe", "create_ticket": "idempotent"},
+        )
+    ]
+
+
+registrations: list[AgentRegistration] = build_registrations()
+
+
+def demo_input() -> str:
+    """A sample request for the demo run."""
+    return (
+        "My VPN disconnects every few minutes since this morning's update, "
+        "and I can't reach the wiki. Can you help?"
+    )

@@ -1,0 +1,145 @@
+"""Agents hosted by the worker processes that the crash tests SIGKILL.
+
+Every tool and model request writes to a journal on disk (the test's
+`DURABLY_TEST_JOURNAL`) before doing anything else, so the test can see what
+ran, how often, and under which operation_id, across process deaths. The
+idempotent tool records its effect in a real deduplicating HTTP service
+(`DURABLY_TEST_DEDUP_URL`) keyed by operation_id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.request
+from datetime import timedelta
+
+from pydantic import BaseModel
+from temporalio import activity
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    FunctionModel,
+    ModelRequest,
+    ToolContext,
+    ToolRetry,
+    tool,
+)
+from durably.messages import AssistantMessage, ToolCall
+from durably.models import last_tool_results
+
+HEARTBEAT = timedelta(seconds=3)
+
+
+class Ticket(BaseModel):
+    title: str
+
+
+class TicketId(BaseModel):
+    ticket_id: str
+
+
+def journal(**entry: object) -> None:
+    """Append one line and make it durable before the caller goes on."""
+    with open(os.environ["DURABLY_TEST_JOURNAL"], "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def hang_until_killed() -> None:
+    """Stand in for a tool whose process dies mid-call: never return."""
+    await asyncio.Event().wait()
+
+
+@tool
+async def manual_hang(args: Ticket, ctx: ToolContext) -> TicketId:
+    """Start an external action that never reports back."""
+    journal(kind="tool", tool="manual_hang", op=ctx.operation_id, attempt=ctx.attempt)
+    await hang_until_killed()
+    raise AssertionError("unreachable")
+
+
+@tool
+async def safe_hang_once(args: Ticket, ctx: ToolContext) -> TicketId:
+    """A read that hangs on its first attempt."""
+    journal(kind="tool", tool="safe_hang_once", op=ctx.operation_id, attempt=ctx.attempt)
+    if ctx.attempt == 1:
+        await hang_until_killed()
+    return TicketId(ticket_id=f"read-{ctx.attempt}")
+
+
+def _record_effect(key: str) -> str:
+    request = urllib.request.Request(
+        os.environ["DURABLY_TEST_DEDUP_URL"] + "/effects",
+        data=json.dumps({"key": key}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(json.loads(response.read())["ticket_id"])
+
+
+@tool
+async def idempotent_effect(args: Ticket, ctx: ToolContext) -> TicketId:
+    """Create a ticket in a service that deduplicates by operation_id."""
+    journal(kind="tool", tool="idempotent_effect", op=ctx.operation_id, attempt=ctx.attempt)
+    ticket_id = await asyncio.to_thread(_record_effect, ctx.operation_id)
+    if ctx.attempt == 1:
+        await hang_until_killed()  # the effect happened; its result never commits
+    return TicketId(ticket_id=ticket_id)
+
+
+@tool
+async def quick(args: Ticket, ctx: ToolContext) -> TicketId:
+    """A tool that returns at once."""
+    journal(kind="tool", tool="quick", op=ctx.operation_id, attempt=ctx.attempt)
+    return TicketId(ticket_id="quick-1")
+
+
+def scripted(agent_id: str, tool_name: str, *, hang_final_once: bool = False) -> FunctionModel:
+    """Call `tool_name` once, then answer with the tool's result."""
+
+    def model(request: ModelRequest) -> AssistantMessage:
+        turn = 1 + sum(isinstance(m, AssistantMessage) for m in request.messages)
+        attempt = activity.info().attempt
+        journal(kind="model", agent=agent_id, turn=turn, attempt=attempt)
+        if turn == 1:
+            call = ToolCall(id="c1", name=tool_name, arguments={"title": "vpn down"})
+            return AssistantMessage(tool_calls=(call,))
+        return AssistantMessage(content=last_tool_results(request)[0].content)
+
+    async def hanging(request: ModelRequest) -> AssistantMessage:
+        answer = model(request)
+        if hang_final_once and answer.content is not None and activity.info().attempt == 1:
+            await hang_until_killed()
+        return answer
+
+    return FunctionModel(hanging, name=f"crash-tests.{agent_id}")
+
+
+def _agent(agent_id: str, tool_name: str, recovery: str, **kw: bool) -> AgentRegistration:
+    tools = {t.name: t for t in (manual_hang, safe_hang_once, idempotent_effect, quick)}
+    agent = Agent(
+        id=agent_id,
+        model=scripted(agent_id, tool_name, **kw),
+        instructions="",
+        tools=[tools[tool_name]],
+    )
+    return AgentRegistration(
+        agent,
+        version="1",
+        tool_recovery={tool_name: recovery},  # type: ignore[dict-item]
+        tool_retry=ToolRetry(max_attempts=5, initial_delay_ms=100, max_delay_ms=500),
+        heartbeat_timeout=HEARTBEAT,
+    )
+
+
+registrations = [
+    _agent("manual", "manual_hang", "manual"),
+    _agent("safe", "safe_hang_once", "safe"),
+    _agent("idempotent", "idempotent_effect", "idempotent"),
+    _agent("commit-window", "quick", "manual", hang_final_once=True),
+]

@@ -1,0 +1,279 @@
+"""`durably dev` as a user runs it: a real server, the example worker, the demo, Ctrl-C.
+
+Each test starts `durably dev` in its own session (so the test can signal and
+inspect its process group) on free ports and a database under `tmp_path`,
+away from the session dev server in conftest.py. Output is read line by line
+against a deadline; nothing sleeps for a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import structlog
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from durably import DurableClient, RunStatus, ToolContext
+from durably.dev import DevServer
+from durably.examples.support_desk import AGENT_ID, TicketArgs, create_ticket
+
+from .conftest import binary
+
+STARTUP = 120.0
+SHUTDOWN = 30.0
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports nothing listens on right now (held together, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without TEMPORAL_* settings, unbuffered."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+class DurablyDev:
+    """A `durably dev` process whose output is collected line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, db: Path) -> None:
+        self.proc = proc
+        self.db = db
+        self.lines: list[str] = []
+        self._new_line = asyncio.Event()
+        self._pump = asyncio.create_task(self._read())
+
+    @classmethod
+    async def start(cls, db: Path, port: int, ui_port: int, *args: str) -> DurablyDev:
+        proc = await asyncio.create_subprocess_exec(
+            binary("durably"), "dev", "--port", str(port), "--ui-port", str(ui_port),
+            "--db", str(db), *args,
+            cwd=db.parent,
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        return cls(proc, db)
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            self.lines.append(line.decode(errors="replace").rstrip("\n"))
+            self._new_line.set()
+        self._new_line.set()
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    async def line_starting(self, prefix: str, *, within: float = STARTUP) -> str:
+        """The first output line starting with `prefix`, waiting up to `within` seconds."""
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            for line in self.lines:
+                if line.startswith(prefix):
+                    return line
+            remaining = deadline - asyncio.get_running_loop().time()
+            if self._pump.done() or remaining <= 0:
+                raise AssertionError(f"no line starting with {prefix!r}; output:\n{self.output}")
+            self._new_line.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new_line.wait(), remaining)
+
+    async def ctrl_c(self) -> int:
+        """Send SIGINT to the process group, as a terminal's Ctrl-C does; the exit code."""
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), SHUTDOWN)
+        except TimeoutError:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError(
+                f"durably dev did not exit within {SHUTDOWN} s of SIGINT; output:\n{self.output}"
+            ) from None
+        await self._pump
+        return code
+
+    def assert_nothing_left(self) -> None:
+        """No process of its group, and no Temporal server on its database, remains."""
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            pass
+        else:
+            raise AssertionError(f"processes of group {self.proc.pid} survived durably dev")
+        assert processes_mentioning(str(self.db)) == []
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            await self.proc.wait()
+
+
+async def durably_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    proc = await asyncio.create_subprocess_exec(
+        binary("durably"), *args,
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(args, proc.returncode, out.decode(), err.decode())
+
+
+async def connect(port: int) -> DurableClient:
+    return DurableClient(await Client.connect(f"127.0.0.1:{port}"))
+
+
+def http_status(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        status: int = response.status
+        return status
+
+
+async def test_dev_demo_completes_a_run_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
+    """`durably dev --demo` serves, finishes the demo run, and stops cleanly on SIGINT."""
+    port, ui_port = free_ports(2)
+    dev = await DurablyDev.start(tmp_path / "t.db", port, ui_port, "--demo")
+    try:
+        run_id = (await dev.line_starting("Demo run: ")).removeprefix("Demo run: ").strip()
+        output = await dev.line_starting("Demo output: ")
+        assert "I opened ticket T-" in output
+        link = f"http://localhost:{ui_port}/namespaces/default/workflows/{run_id}"
+        assert any(link in line for line in dev.lines), dev.output
+
+        client = await connect(port)
+        snap = await (await client.get_run(run_id)).snapshot()
+        assert snap.status == RunStatus.COMPLETED
+        assert snap.agent_id == AGENT_ID
+        assert snap.outcome is not None and snap.outcome["output"] in output
+        assert await asyncio.to_thread(http_status, f"http://127.0.0.1:{ui_port}/") == 200
+
+        missing = await durably_cli("runs", "show", "no-such-run", "--target", f"127.0.0.1:{port}")
+        assert missing.returncode == 1
+        assert "no run 'no-such-run'" in missing.stderr
+        assert "Traceback" not in missing.stderr + missing.stdout
+
+        assert await dev.ctrl_c() == 0, dev.output
+        assert "Stopped." in dev.lines
+        dev.assert_nothing_left()
+    finally:
+        await dev.kill()
+
+
+async def test_dev_rerun_reuses_the_database_and_finishes_unfinished_runs(
+    tmp_path: Path,
+) -> None:
+    """A rerun on the same database keeps the earlier run and finishes a pending one."""
+    db = tmp_path / "t.db"
+    port, ui_port = free_ports(2)
+    first = await DurablyDev.start(db, port, ui_port, "--demo")
+    try:
+        demo_run = (await first.line_starting("Demo run: ")).removeprefix("Demo run: ").strip()
+        await first.line_starting("Demo output: ")
+        assert await first.ctrl_c() == 0, first.output
+    finally:
+        await first.kill()
+
+    # A run started while no worker is up stays unfinished in the database.
+    port, ui_port = free_ports(2)
+    async with DevServer(db=db, port=port, ui_port=ui_port) as server:
+        pending = await DurableClient(server.client).start_run(AGENT_ID, "The printer is stuck")
+        desc = await server.client.get_workflow_handle(pending.run_id).describe()
+        assert desc.status == WorkflowExecutionStatus.RUNNING
+
+    port, ui_port = free_ports(2)
+    second = await DurablyDev.start(db, port, ui_port)
+    try:
+        await second.line_starting("Serving.")
+        client = await connect(port)
+        result = await asyncio.wait_for((await client.get_run(pending.run_id)).result(), 60)
+        assert result.output is not None and "I opened ticket T-1002" in result.output
+
+        expected = {demo_run: "completed", pending.run_id: "completed"}
+        statuses: dict[str, str] = {}
+        deadline = asyncio.get_running_loop().time() + 30
+        while statuses != expected and asyncio.get_running_loop().time() < deadline:
+            # Visibility is eventually consistent: poll until the last upsert shows.
+            listed = await durably_cli("runs", "list", "--json", "--target", f"127.0.0.1:{port}")
+            assert listed.returncode == 0, listed.stderr
+            statuses = {r["run_id"]: r["status"] for r in json.loads(listed.stdout)}
+        assert statuses == expected
+
+        assert await second.ctrl_c() == 0, second.output
+        second.assert_nothing_left()
+    finally:
+        await second.kill()
+
+
+async def test_create_ticket_returns_the_same_ticket_when_an_operation_repeats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example's idempotent tool keys tickets by operation id: a retry opens no second one."""
+    monkeypatch.setenv("DURABLY_TICKETS_DIR", str(tmp_path / "tickets"))
+
+    def context(operation_id: str, attempt: int) -> ToolContext:
+        return ToolContext(
+            operation_id=operation_id,
+            run_id=operation_id.split("/")[0],
+            agent_id=AGENT_ID,
+            agent_version="1",
+            attempt=attempt,
+            abort_signal=asyncio.Event(),
+            logger=structlog.get_logger(),
+            _heartbeat=lambda *details: None,
+        )
+
+    args = TicketArgs(subject="VPN drops", description="since the update")
+    first = await create_ticket.execute(args, context("run-a/tool:2:c1", 1))
+    retried = await create_ticket.execute(args, context("run-a/tool:2:c1", 2))
+    other = await create_ticket.execute(args, context("run-b/tool:2:c1", 1))
+
+    assert retried == first
+    assert other.ticket_id != first.ticket_id
+
+
+async def test_python_m_durably_runs_the_cli() -> None:
+    """`python -m durably` is the `durably` command."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durably", "--help",
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    for command in ("dev", "worker", "start", "runs", "cancel"):
+        assert command in out.decode()
