@@ -7,6 +7,8 @@
     durably start AGENT INPUT --wait     start a run (and wait for its output)
     durably runs list [--unfinished]     find runs
     durably runs show RUN [--json]       read one run's snapshot
+    durably resolve RUN OP --json V      supply an interrupted tool call's real result
+    durably retry RUN                    run a failed run's failed operation again
     durably cancel RUN                   cancel a run
 
 `--target` and `--namespace` default to the standard `TEMPORAL_ADDRESS` /
@@ -332,6 +334,113 @@ async def _cancel(run_id: str, target: str | None, namespace: str | None) -> Non
     run = await client.get_run(run_id)
     await run.cancel()
     console.print(Text(f"Cancellation of run {run_id} requested."))
+
+
+@app.command()
+def resolve(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    operation: Annotated[
+        str,
+        typer.Argument(
+            metavar="OPERATION",
+            help="The blocked operation, e.g. tool:2:call_1 (see `runs show`).",
+        ),
+    ],
+    json_value: Annotated[
+        str | None,
+        typer.Option(
+            "--json",
+            help="The call's real result, as JSON (checked against the tool's output schema).",
+            show_default=False,
+        ),
+    ] = None,
+    error: Annotated[
+        str | None,
+        typer.Option(
+            "--error",
+            help="The call is known to have failed: this message goes to the model.",
+            show_default=False,
+        ),
+    ] = None,
+    rerun: Annotated[
+        bool,
+        typer.Option(
+            "--rerun",
+            help="You verified the effect did not happen: run the call "
+            "once more with the same operation_id.",
+        ),
+    ] = False,
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """Resolve an interrupted tool call with its real outcome; the run continues.
+
+    Check the external system first. If the outcome is still unknown, leave
+    the run blocked: never make up a result.
+    """
+    chosen = [
+        name
+        for name, on in (
+            ("--json", json_value is not None),
+            ("--error", error is not None),
+            ("--rerun", rerun),
+        )
+        if on
+    ]
+    if len(chosen) != 1:
+        err_console.print(
+            Text(
+                "error: give exactly one of --json VALUE, --error MESSAGE or --rerun"
+                + (f" (got {', '.join(chosen)})" if chosen else ""),
+                style="red",
+            )
+        )
+        raise typer.Exit(2)
+    resolution: dict[str, Any]
+    if json_value is not None:
+        try:
+            resolution = {"type": "json", "value": json.loads(json_value)}
+        except json.JSONDecodeError as err:
+            err_console.print(Text(f"error: --json is not valid JSON: {err}", style="red"))
+            raise typer.Exit(2) from err
+    elif error is not None:
+        resolution = {"type": "error", "message": error}
+    else:
+        resolution = {"type": "rerun"}
+    _run(_resolve(run_id, operation, resolution, target, namespace))
+
+
+async def _resolve(
+    run_id: str,
+    operation: str,
+    resolution: dict[str, Any],
+    target: str | None,
+    namespace: str | None,
+) -> None:
+    client = await _connect(target, namespace)
+    run = await client.get_run(run_id)
+    await run.resolve_tool(operation, resolution)
+    console.print(
+        Text(f"Resolved {operation} of run {run_id} ({resolution['type']}); the run continues.")
+    )
+
+
+@app.command()
+def retry(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """Run a failed run's failed operation again (committed results are kept)."""
+    _run(_retry(run_id, target, namespace))
+
+
+async def _retry(run_id: str, target: str | None, namespace: str | None) -> None:
+    client = await _connect(target, namespace)
+    run = await client.get_run(run_id)
+    accepted = await run.retry()
+    what = accepted.operation or "the run"
+    console.print(Text(f"Retrying {what} of run {run_id} (was {accepted.previous_status.value})."))
 
 
 @runs_app.command("list")

@@ -1,0 +1,95 @@
+"""Operators reconcile and retry runs from the `durably` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+from pydantic import BaseModel
+from temporalio.testing import WorkflowEnvironment
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    DurableClient,
+    RunStatus,
+    ScriptedModel,
+    ToolContext,
+    tool,
+)
+from durably.models import tool_call
+
+from .conftest import Runtimes, wait_for_status
+
+
+class Ticket(BaseModel):
+    title: str
+
+
+class TicketId(BaseModel):
+    ticket_id: str
+
+
+@tool
+async def create_ticket(args: Ticket, ctx: ToolContext) -> TicketId:
+    """Create a ticket; the service always drops the connection."""
+    raise ConnectionAbortedError("ticket service dropped the connection")
+
+
+def registration() -> AgentRegistration:
+    agent = Agent(
+        id="desk",
+        model=ScriptedModel([tool_call("create_ticket", call_id="c1", title="vpn"), "filed"]),
+        instructions="",
+        tools=[create_ticket],
+    )
+    return AgentRegistration(agent, version="1")
+
+
+async def durably(env: WorkflowEnvironment, *args: str) -> subprocess.CompletedProcess[str]:
+    target = env.client.service_client.config.target_host
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "durably", *args, "--target", target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+async def test_runs_show_then_resolve_from_the_cli_completes_the_run(
+    env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
+) -> None:
+    await runtimes.start([registration()])
+    run = await client.start_run("desk", "file it")
+    await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+
+    shown = await durably(env, "runs", "show", run.run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    snap = json.loads(shown.stdout)
+    assert (snap["status"], snap["blocked_operation"]) == ("needs_attention", "tool:1:c1")
+
+    bad = await durably(env, "resolve", run.run_id, "tool:1:c1", "--json", '{"id": 1}')
+    assert bad.returncode == 1
+    assert "does not fit the output schema of tool 'create_ticket'" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+    blocked = await durably(env, "retry", run.run_id)
+    assert blocked.returncode == 1
+    assert "never repeats a manual call" in blocked.stderr
+
+    ok = await durably(env, "resolve", run.run_id, "tool:1:c1", "--json", '{"ticket_id": "T-9"}')
+    assert ok.returncode == 0, ok.stderr
+    assert "Resolved tool:1:c1" in ok.stdout
+    assert (await run.result()).output == "filed"
+
+
+async def test_resolve_needs_exactly_one_outcome(env: WorkflowEnvironment) -> None:
+    both = await durably(env, "resolve", "some-run", "tool:1:c1", "--rerun", "--error", "x")
+    assert both.returncode == 2
+    assert "give exactly one of --json VALUE, --error MESSAGE or --rerun" in both.stderr
