@@ -184,6 +184,7 @@ class AgentRegistration:
                 max_delay_ms=retry.max_delay_ms,
             ),
             requires_approval=t.requires_approval,
+            question=t.is_question,
             approval_timeout_s=t.approval_timeout.total_seconds() if t.approval_timeout else None,
             heartbeat_timeout_s=(t.heartbeat_timeout or self.heartbeat_timeout).total_seconds(),
             start_to_close_s=(t.start_to_close_timeout or self.tool_timeout).total_seconds(),

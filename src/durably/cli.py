@@ -7,6 +7,9 @@
     durably start AGENT INPUT --wait     start a run (and wait for its output)
     durably runs list [--unfinished]     find runs
     durably runs show RUN [--json]       read one run's snapshot
+    durably inbox                        what waits for a person, across all runs
+    durably approve RUN --as NAME        approve the pending tool call (deny: --reason)
+    durably answer RUN TEXT --as NAME    answer the pending question
     durably resolve RUN OP --json V      supply an interrupted tool call's real result
     durably retry RUN                    run a failed run's failed operation again
     durably cancel RUN                   cancel a run
@@ -441,6 +444,144 @@ async def _retry(run_id: str, target: str | None, namespace: str | None) -> None
     accepted = await run.retry()
     what = accepted.operation or "the run"
     console.print(Text(f"Retrying {what} of run {run_id} (was {accepted.previous_status.value})."))
+
+
+Responder = Annotated[
+    str,
+    typer.Option(
+        "--as", help="Who is answering (recorded in the run's events).", show_default=False
+    ),
+]
+InteractionId = Annotated[
+    str | None,
+    typer.Option(
+        "--interaction",
+        help="The interaction to answer (default: the one pending now).",
+        show_default=False,
+    ),
+]
+
+
+@app.command()
+def approve(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    responder: Responder,
+    interaction: InteractionId = None,
+    digest: Annotated[
+        str | None,
+        typer.Option(
+            "--digest",
+            help="The args_digest you reviewed; refused if the call's arguments differ.",
+            show_default=False,
+        ),
+    ] = None,
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """Approve the tool call a run is waiting on; the tool then runs."""
+    response: dict[str, Any] = {"type": "tool-approval", "approved": True}
+    if digest is not None:
+        response["args_digest"] = digest
+    _run(_respond(run_id, interaction, response, responder, target, namespace))
+
+
+@app.command()
+def deny(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    responder: Responder,
+    reason: Annotated[
+        str | None,
+        typer.Option(
+            "--reason", help="Why; the model reads `denied: <reason>`.", show_default=False
+        ),
+    ] = None,
+    interaction: InteractionId = None,
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """Deny the tool call a run is waiting on; the tool never runs."""
+    response: dict[str, Any] = {"type": "tool-approval", "approved": False}
+    if reason is not None:
+        response["reason"] = reason
+    _run(_respond(run_id, interaction, response, responder, target, namespace))
+
+
+@app.command()
+def answer(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    text: Annotated[str, typer.Argument(help="The answer the model will read.")],
+    responder: Responder,
+    interaction: InteractionId = None,
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """Answer the question a run is waiting on."""
+    response = {"type": "question", "answer": text}
+    _run(_respond(run_id, interaction, response, responder, target, namespace))
+
+
+async def _respond(
+    run_id: str,
+    interaction_id: str | None,
+    response: dict[str, Any],
+    responder: str,
+    target: str | None,
+    namespace: str | None,
+) -> None:
+    client = await _connect(target, namespace)
+    run = await client.get_run(run_id)
+    if interaction_id is None:
+        snap = await run.snapshot()
+        pending = (
+            (snap.outcome or {}).get("interaction") if snap.status == RunStatus.WAITING else None
+        )
+        if pending is None:
+            raise DurablyError(
+                f"run {run_id} is {snap.status.value} and waits for no approval or answer; "
+                "see `durably inbox`"
+            )
+        interaction_id = str(pending["id"])
+    accepted = await run.respond(interaction_id, response, responder=responder)
+    if accepted.type == "question":
+        verdict = "answered"
+    else:
+        verdict = "approved" if accepted.approved else "denied"
+    console.print(Text(f"{interaction_id} of run {run_id}: {verdict} by {accepted.responder}."))
+
+
+@app.command()
+def inbox(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    target: Target = None,
+    namespace: Namespace = None,
+) -> None:
+    """Everything waiting for a person, across all runs: approvals, questions,
+    blocked operations, failed runs and retry waits."""
+    _run(_inbox(as_json, target, namespace))
+
+
+async def _inbox(as_json: bool, target: str | None, namespace: str | None) -> None:
+    client = await _connect(target, namespace)
+    items = await client.inbox()
+    if as_json:
+        print(json.dumps([i.model_dump(mode="json") for i in items], indent=2))
+        return
+    if not items:
+        console.print("Nothing waits for a person.")
+        return
+    table = Table(box=None, pad_edge=False, padding=(0, 1))
+    for name in ("run id", "agent", "kind", "since", "waiting for", "id / operation"):
+        table.add_column(name, no_wrap=name != "waiting for")
+    for i in items:
+        table.add_row(
+            Text(i.run_id),
+            Text(i.agent_id or "-"),
+            _status_text(i.status) if i.kind in ("failed", "blocked") else Text(i.kind),
+            _time(i.since, "%m-%d %H:%M"),
+            Text(i.waiting_for),
+            Text(i.interaction_id or i.operation or ""),
+        )
+    console.print(table)
 
 
 @runs_app.command("list")

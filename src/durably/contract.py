@@ -27,18 +27,25 @@ __all__ = [
     "SEARCH_ATTRIBUTES",
     "WORKFLOW_TYPE",
     "AgentPin",
+    "ApprovalResponse",
     "Attention",
     "ErrorResolution",
+    "InboxItem",
+    "Interaction",
     "JsonResolution",
     "MessageRef",
     "ModelCallInput",
     "ModelCallResult",
     "PinRequest",
+    "QuestionResponse",
     "Recovery",
     "RerunResolution",
     "Resolution",
     "ResolveToolAccepted",
     "ResolveToolRequest",
+    "RespondAccepted",
+    "RespondRequest",
+    "Response",
     "RetryAccepted",
     "RetryRequest",
     "RetrySpec",
@@ -117,6 +124,7 @@ class ToolPolicy(_Model):
     recovery: Recovery = "manual"
     retry: RetrySpec
     requires_approval: bool = False
+    question: bool = False
     approval_timeout_s: float | None = None
     heartbeat_timeout_s: float
     start_to_close_s: float
@@ -251,6 +259,62 @@ class RetryAccepted(_Model):
     previous_status: RunStatus
 
 
+class Interaction(_Model):
+    """What a waiting run asks a person: approve a tool call, or answer a question.
+
+    `args_digest` is a hash of the call's canonical arguments; an approval
+    that echoes it is accepted only for exactly the call the person saw.
+    """
+
+    id: str
+    type: Literal["tool-approval", "question"]
+    operation: str
+    tool: str
+    args: dict[str, Any]
+    args_digest: str
+    question: str | None = None
+
+
+class ApprovalResponse(_Model):
+    type: Literal["tool-approval"]
+    approved: bool
+    reason: str | None = None
+    args_digest: str | None = None
+
+
+class QuestionResponse(_Model):
+    type: Literal["question"]
+    answer: str
+
+
+Response = Annotated[ApprovalResponse | QuestionResponse, Field(discriminator="type")]
+
+
+class RespondRequest(_Model):
+    """`respond` update / `respond_signal` input.
+
+    `response` stays a plain object so the workflow, not the payload
+    converter, rejects a bad one with a message that says why. `responder`
+    is who answered (free text), recorded in the run's events.
+    """
+
+    interaction_id: str
+    response: dict[str, Any]
+    responder: str | None = None
+
+
+class RespondAccepted(_Model):
+    """The acceptance of a response; the same response again returns the same one."""
+
+    interaction_id: str
+    type: Literal["tool-approval", "question"]
+    approved: bool | None = None
+    reason: str | None = None
+    answer: str | None = None
+    responder: str | None = None
+    args_digest: str | None = None
+
+
 class RunEvent(_Model):
     """One committed step of a run, as operators read it."""
 
@@ -285,6 +349,20 @@ class RunSnapshot(_Model):
     events: list[RunEvent] = Field(default_factory=list)
     error: str | None = None
     current: str | None = None
+
+
+class InboxItem(_Model):
+    """One thing, in one run, that waits for a person (`client.inbox()`)."""
+
+    run_id: str
+    agent_id: str | None
+    status: RunStatus
+    kind: Literal["approval", "question", "blocked", "failed", "retry_wait"]
+    waiting_for: str
+    interaction_id: str | None = None
+    operation: str | None = None
+    since: datetime | None = None
+    next_attempt_at: datetime | None = None
 
 
 class RunResult(_Model):
@@ -332,6 +410,8 @@ class RunState(_Model):
     failed_operation: str | None = None
     retryable: bool = True
     attention: Attention | None = None
+    interaction: Interaction | None = None
+    answered: dict[str, RespondAccepted] = Field(default_factory=dict)
     events: list[RunEvent] = Field(default_factory=list)
     event_seq: int = 0
 

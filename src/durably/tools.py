@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar, get_type_hints, overload
 import structlog
 from pydantic import BaseModel, TypeAdapter
 
-__all__ = ["Tool", "ToolContext", "ToolError", "tool"]
+__all__ = ["Question", "Tool", "ToolContext", "ToolError", "question_tool", "tool"]
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -88,6 +88,7 @@ class Tool(Generic[ArgsT]):
     approval_timeout: timedelta | None = None
     heartbeat_timeout: timedelta | None = None
     start_to_close_timeout: timedelta | None = None
+    is_question: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").replace("-", "").isalnum():
@@ -197,6 +198,39 @@ def tool(
     return build(fn) if fn is not None else build
 
 
+class Question(BaseModel):
+    """What a question tool's caller asks the person."""
+
+    question: str
+
+
+async def _never_runs(args: Question, ctx: ToolContext) -> str:
+    raise ToolError("a question tool has no code: the run waits for a person's answer")
+
+
+def question_tool(
+    *,
+    name: str = "ask_user",
+    description: str = "Ask the user a question and wait for the answer.",
+    approval_timeout: timedelta | None = None,
+) -> Tool[Question]:
+    """A tool whose result is a person's answer: the run waits for `respond`.
+
+    The model calls it with `{"question": "..."}`; the run becomes `waiting`
+    with a `question` interaction, and the answer text is the tool's result.
+    `approval_timeout` bounds the wait; an unanswered question then comes
+    back to the model as an error.
+    """
+    return Tool(
+        name=name,
+        description=description,
+        input_model=Question,
+        execute=_never_runs,
+        approval_timeout=approval_timeout,
+        is_question=True,
+    )
+
+
 def tool_identity(t: Tool[Any]) -> Mapping[str, Any]:
     """What of a tool goes into the registration fingerprint."""
     return {
@@ -205,5 +239,6 @@ def tool_identity(t: Tool[Any]) -> Mapping[str, Any]:
         "input_schema": t.input_schema,
         "output_schema": t.output_schema,
         "requires_approval": t.requires_approval,
+        "is_question": t.is_question,
         "approval_timeout_s": t.approval_timeout.total_seconds() if t.approval_timeout else None,
     }

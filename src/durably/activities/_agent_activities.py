@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from durably._transcript import EMPTY_DIGEST, extend_digest
+from durably._digests import EMPTY_DIGEST, extend_digest
 from durably.activities._heartbeat import heartbeating
 from durably.activities._transcript_cache import TranscriptCache
 from durably.agents import AgentRegistration
@@ -41,6 +41,7 @@ from durably.messages import (
     ToolCall,
     ToolResultMessage,
 )
+from durably.models import classify_model_error
 from durably.registry import AgentRegistry
 from durably.tools import ToolContext, ToolError, render_result
 
@@ -141,10 +142,12 @@ class AgentActivities:
                 raise
             except Exception as exc:
                 # Without model_retry a failed request is final; a crash (timeout) still retries.
+                verdict = classify_model_error(agent.model, exc)
                 raise ApplicationError(
                     f"model request failed: {type(exc).__name__}: {exc}",
                     type=ErrorType.MODEL_ERROR,
-                    non_retryable=registration.model_retry is None,
+                    non_retryable=registration.model_retry is None or not verdict.retryable,
+                    next_retry_delay=verdict.retry_after,
                 ) from exc
         message = _normalise_calls(response.message)
         self.cache.put_output(run_id, call.key, message)

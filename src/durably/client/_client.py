@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Literal
 
 from temporalio.client import Client, WorkflowExecution
 from temporalio.common import (
@@ -23,7 +27,10 @@ from durably.contract import (
     SA_AGENT_VERSION,
     SA_STATUS,
     WORKFLOW_TYPE,
+    InboxItem,
+    Interaction,
     RunInput,
+    RunSnapshot,
     RunStatus,
     RunSummary,
 )
@@ -32,6 +39,14 @@ from durably.errors import DurableConflictError, DurablyError, RunNotFoundError
 __all__ = ["DurableClient"]
 
 _UNFINISHED = [s.value for s in RunStatus if s.unfinished]
+# Statuses that wait for a person, and the inbox kind a run in them shows as
+# when its snapshot cannot be read.
+_INBOX: dict[RunStatus, Literal["approval", "blocked", "failed", "retry_wait"]] = {
+    RunStatus.WAITING: "approval",
+    RunStatus.NEEDS_ATTENTION: "blocked",
+    RunStatus.FAILED: "failed",
+    RunStatus.RETRY_WAIT: "retry_wait",
+}
 
 
 class DurableClient:
@@ -110,18 +125,42 @@ class DurableClient:
             raise
         return RunHandle(self.temporal, run_id)
 
+    async def inbox(self, *, limit: int = 200) -> list[InboxItem]:
+        """Everything that waits for a person, across all runs, oldest first.
+
+        Pending approvals and questions, blocked operations, failed runs and
+        retry waits: found through visibility, described by each run's
+        snapshot.
+        """
+        runs = await self.list_runs(status=[s for s in RunStatus if s in _INBOX], limit=limit)
+        gate = asyncio.Semaphore(16)
+
+        async def describe(run: RunSummary) -> InboxItem | None:
+            async with gate:
+                try:
+                    snap = await RunHandle(self.temporal, run.run_id).snapshot()
+                except (RPCError, DurablyError) as err:
+                    return _unreadable(run, err)
+            return _inbox_item(snap)
+
+        items = [i for i in await asyncio.gather(*map(describe, runs)) if i is not None]
+        return sorted(items, key=lambda i: (i.since is None, i.since))
+
     async def list_runs(
         self,
         *,
-        status: RunStatus | str | None = None,
+        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
         agent_id: str | None = None,
         unfinished: bool | None = None,
         limit: int | None = 1000,
     ) -> list[RunSummary]:
         """Runs from Temporal visibility, newest first."""
         clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
-        if status is not None:
+        if isinstance(status, str):
             clauses.append(f"{SA_STATUS.name} = {_quote(RunStatus(status).value)}")
+        elif status is not None:
+            wanted = ", ".join(_quote(RunStatus(v).value) for v in status)
+            clauses.append(f"{SA_STATUS.name} IN ({wanted})")
         if agent_id is not None:
             clauses.append(f"{SA_AGENT.name} = {_quote(agent_id)}")
         if unfinished is True:
@@ -130,6 +169,63 @@ class DurableClient:
             clauses.append(f"{SA_STATUS.name} IN ('completed', 'cancelled')")
         query = " AND ".join(clauses)
         return [_summary(e) async for e in self.temporal.list_workflows(query, limit=limit)]
+
+
+def _inbox_item(snap: RunSnapshot) -> InboxItem | None:
+    """What a parked run waits for, in words, or None if it no longer waits."""
+    since = snap.events[-1].at if snap.events else None
+    base = {"run_id": snap.run_id, "agent_id": snap.agent_id, "status": snap.status, "since": since}
+    if snap.status == RunStatus.WAITING and snap.outcome and "interaction" in snap.outcome:
+        i = Interaction.model_validate(snap.outcome["interaction"])
+        if i.type == "question":
+            return InboxItem(
+                **base,
+                kind="question",
+                waiting_for=f"answer: {i.question}",
+                interaction_id=i.id,
+                operation=i.operation,
+            )
+        return InboxItem(
+            **base,
+            kind="approval",
+            waiting_for=f"approve {i.tool}({_shorten(json.dumps(i.args), 80)})",
+            interaction_id=i.id,
+            operation=i.operation,
+        )
+    if snap.status == RunStatus.NEEDS_ATTENTION:
+        reason = snap.attention.reason if snap.attention else "unknown"
+        what = (
+            f"verify {snap.attention.detail.get('tool')} in the external system, then resolve it"
+            if snap.attention and reason == "tool_interrupted"
+            else f"{reason}: fix it, then retry"
+        )
+        return InboxItem(**base, kind="blocked", waiting_for=what, operation=snap.blocked_operation)
+    if snap.status == RunStatus.FAILED:
+        return InboxItem(
+            **base,
+            kind="failed",
+            waiting_for=f"retry after fixing: {_shorten(snap.error or '', 120)}",
+        )
+    if snap.status == RunStatus.RETRY_WAIT:
+        return InboxItem(
+            **base,
+            kind="retry_wait",
+            waiting_for=f"attempt {snap.attempt} of a model request",
+            next_attempt_at=snap.next_attempt_at,
+        )
+    return None
+
+
+def _unreadable(run: RunSummary, err: Exception) -> InboxItem | None:
+    if run.status is None or run.status not in _INBOX:
+        return None
+    return InboxItem(
+        run_id=run.run_id,
+        agent_id=run.agent_id,
+        status=run.status,
+        kind=_INBOX[run.status],
+        waiting_for=f"(snapshot unavailable: {err}; is a worker running?)",
+    )
 
 
 def _summary(e: WorkflowExecution) -> RunSummary:

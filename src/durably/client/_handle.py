@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +22,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from durably.contract import (
     ResolveToolAccepted,
     ResolveToolRequest,
+    RespondAccepted,
+    RespondRequest,
     RetryAccepted,
     RetryRequest,
     RunResult,
@@ -105,6 +109,34 @@ class RunHandle:
             raise RunFailedError(self.run_id, str(err.cause or err)) from err
         return result
 
+    async def respond(
+        self,
+        interaction_id: str,
+        response: dict[str, Any] | BaseModel,
+        *,
+        responder: str | None = None,
+    ) -> RespondAccepted:
+        """Answer the pending interaction: an approval decision or a question's answer.
+
+        `response` is `{"type": "tool-approval", "approved": bool, "reason"?: str,
+        "args_digest"?: str}` or `{"type": "question", "answer": str}`. Sending
+        the same response again is harmless and returns the same acceptance
+        (it carries the same update id, so history does not grow); a different
+        one raises `InteractionConflictError`; an unknown id, wrong type or
+        mismatched `args_digest` raises `InvalidResponseError`.
+        """
+        if isinstance(response, BaseModel):
+            response = response.model_dump(mode="json", exclude_none=True)
+        request = RespondRequest(
+            interaction_id=interaction_id, response=response, responder=responder
+        )
+        decision = json.dumps(response, sort_keys=True, separators=(",", ":"))
+        update_id = f"respond/{interaction_id}/{hashlib.sha256(decision.encode()).hexdigest()[:16]}"
+        accepted: RespondAccepted = await self._update(
+            "respond", request, RespondAccepted, update_id=update_id
+        )
+        return accepted
+
     async def resolve_tool(
         self, operation: str, resolution: dict[str, Any] | BaseModel
     ) -> ResolveToolAccepted:
@@ -134,9 +166,13 @@ class RunHandle:
         accepted: RetryAccepted = await self._update("retry", RetryRequest(), RetryAccepted)
         return accepted
 
-    async def _update(self, name: str, arg: BaseModel, result_type: type[Any]) -> Any:
+    async def _update(
+        self, name: str, arg: BaseModel, result_type: type[Any], *, update_id: str | None = None
+    ) -> Any:
         try:
-            return await self._handle.execute_update(name, arg, result_type=result_type)
+            return await self._handle.execute_update(
+                name, arg, result_type=result_type, id=update_id
+            )
         except WorkflowUpdateFailedError as err:
             cause = err.cause
             if isinstance(cause, ApplicationError) and cause.type in _REJECTIONS:

@@ -4,7 +4,12 @@ Provider adapters (OpenAI-compatible, Anthropic) live beside these and need
 the `openai` / `anthropic` extras.
 """
 
-from durably.models._base import Model
+from durably.models._base import (
+    ErrorClassifier,
+    Model,
+    ModelErrorVerdict,
+    classify_model_error,
+)
 from durably.models._function import (
     FunctionModel,
     ScriptedModel,
@@ -15,10 +20,13 @@ from durably.models._function import (
 )
 
 __all__ = [
+    "ErrorClassifier",
     "FunctionModel",
     "Model",
+    "ModelErrorVerdict",
     "ScriptedModel",
     "Step",
+    "classify_model_error",
     "final",
     "last_tool_results",
     "tool_call",

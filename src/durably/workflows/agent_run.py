@@ -2,6 +2,10 @@
 
 Handlers:
     query ``snapshot`` -> RunSnapshot: the run as an operator sees it.
+    update ``respond(RespondRequest)`` -> RespondAccepted: approve/deny a tool call
+        or answer a question; the same response again returns the same acceptance.
+    signal ``respond_signal(RespondRequest)``: the same, for callers that can only
+        signal; a rejected response becomes a ``response_rejected`` event.
     query ``transcript(offset)`` -> TranscriptPage: for workers whose cache missed.
     update ``resolve_tool(ResolveToolRequest)`` -> ResolveToolAccepted: supply the
         real outcome of an interrupted manual tool call (json / error / rerun).
@@ -36,11 +40,12 @@ in ``tests/histories/`` that CI replays.
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
@@ -53,10 +58,7 @@ from temporalio.exceptions import (
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    import jsonschema
-    from pydantic import TypeAdapter, ValidationError
-
-    from durably._transcript import EMPTY_DIGEST, extend_digest
+    from durably._digests import EMPTY_DIGEST, args_digest, extend_digest
     from durably.contract import (
         ACTIVITY_MODEL,
         ACTIVITY_PIN,
@@ -69,15 +71,17 @@ with workflow.unsafe.imports_passed_through():
         AgentPin,
         Attention,
         ErrorResolution,
+        Interaction,
         JsonResolution,
         MessageRef,
         ModelCallInput,
         ModelCallResult,
         PinRequest,
         RerunResolution,
-        Resolution,
         ResolveToolAccepted,
         ResolveToolRequest,
+        RespondAccepted,
+        RespondRequest,
         RetryAccepted,
         RetryRequest,
         RetrySpec,
@@ -88,17 +92,21 @@ with workflow.unsafe.imports_passed_through():
         RunState,
         RunStatus,
         ToolCallInput,
+        ToolPolicy,
         TranscriptPage,
     )
     from durably.messages import Message, ToolCall, ToolResultMessage, UserMessage
     from durably.tools import render_result
+    from durably.workflows._validation import (
+        check_resolution,
+        check_response,
+        check_retry,
+        find_call,
+    )
 
 __all__ = ["AgentRunWorkflow"]
 
 T = TypeVar("T")
-_RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = TypeAdapter(
-    Resolution
-)
 _EVENTS_KEPT = 50
 _TRANSCRIPT_PAGE = 200
 # Crashed model requests (worker died, timed out) run again even without
@@ -176,6 +184,12 @@ class AgentRunWorkflow:
                         self._append(_error_result(call, rejected))
                         self._event("tool_rejected", key, rejected)
                         continue
+                    policy = pin.tools[call.name]
+                    if policy.requires_approval or policy.question:
+                        answered = await self._interact(turn, key, call, policy)
+                        if answered is not None:  # denied, answered, or timed out
+                            self._append(answered)
+                            continue
                     outcome = await self._operation(
                         key, partial(self._tool, key, call), resolve=partial(_resolved, call)
                     )
@@ -218,19 +232,45 @@ class AgentRunWorkflow:
         messages = self._s.transcript[offset : offset + _TRANSCRIPT_PAGE]
         return TranscriptPage(offset=offset, messages=messages, total=len(self._s.transcript))
 
+    @workflow.update(name="respond")
+    def respond(self, request: RespondRequest) -> RespondAccepted:
+        accepted, new = check_response(self._run_id, self._s, request)
+        if new:
+            self._accept_response(accepted)
+        return accepted
+
+    @respond.validator
+    def _validate_respond(self, request: RespondRequest) -> None:
+        check_response(self._run_id, self._s, request)
+
+    @workflow.signal(name="respond_signal")
+    def respond_signal(self, request: RespondRequest) -> None:
+        """The `respond` rules for callers that can only signal (Temporal CLI, Web UI).
+
+        A signal cannot be refused, so a rejected response is recorded as a
+        run event saying why, instead of raising.
+        """
+        try:
+            accepted, new = check_response(self._run_id, self._s, request)
+        except ApplicationError as err:
+            self._event("response_rejected", detail=f"{err.type}: {err.message}")
+            return
+        if new:
+            self._accept_response(accepted)
+
     @workflow.update(name="resolve_tool")
     def resolve_tool(self, request: ResolveToolRequest) -> ResolveToolAccepted:
-        resolution = self._check_resolution(request)
+        resolution = check_resolution(self._run_id, self._s, request)
         self._decision = resolution
         return ResolveToolAccepted(operation=request.operation, type=resolution.type)
 
     @resolve_tool.validator
     def _validate_resolve_tool(self, request: ResolveToolRequest) -> None:
-        self._check_resolution(request)
+        check_resolution(self._run_id, self._s, request)
 
     @workflow.update(name="retry")
     def retry(self, request: RetryRequest) -> RetryAccepted:
-        self._check_retry()
+        check_retry(self._run_id, self._s)
         s = self._s
         accepted = RetryAccepted(
             operation=s.blocked_operation or s.failed_operation, previous_status=s.status
@@ -240,77 +280,68 @@ class AgentRunWorkflow:
 
     @retry.validator
     def _validate_retry(self, request: RetryRequest) -> None:
-        self._check_retry()
+        check_retry(self._run_id, self._s)
 
-    def _check_resolution(
-        self, request: ResolveToolRequest
-    ) -> JsonResolution | ErrorResolution | RerunResolution:
-        """The resolution, if this run accepts it now; else a rejection saying why."""
-        s = self._s
-        if s.status != RunStatus.NEEDS_ATTENTION or s.blocked_operation is None:
-            raise _rejection(
-                "DurableConflictError",
-                f"run {self._run_id!r} is {s.status.value}, not needs_attention; resolve_tool "
-                "applies only to a run blocked on an interrupted tool call",
-            )
-        if request.operation != s.blocked_operation:
-            raise _rejection(
-                "DurableConflictError",
-                f"run {self._run_id!r} is blocked on {s.blocked_operation!r}, not "
-                f"{request.operation!r}; resolve the blocked operation",
-            )
-        if s.attention is None or s.attention.reason != "tool_interrupted":
-            reason = s.attention.reason if s.attention else "unknown"
-            raise _rejection(
-                "DurableConflictError",
-                f"run {self._run_id!r} is blocked by {reason}, not an interrupted tool; "
-                "fix the cause, then call retry()",
-            )
-        try:
-            resolution = _RESOLUTION.validate_python(request.resolution)
-        except ValidationError as err:
-            raise _rejection(
-                "InvalidResponseError",
-                "a resolution is {'type': 'json', 'value': ...}, "
-                "{'type': 'error', 'message': '...'} or {'type': 'rerun'}; "
-                f"got {request.resolution!r} ({_first_error(err)})",
-            ) from None
-        if isinstance(resolution, JsonResolution):
-            call = self._call_for(s.blocked_operation)
-            schema = _require(s.pin).tools[call.name].output_schema
-            problem = _schema_problem(schema, resolution.value)
-            if problem is not None:
-                raise _rejection(
-                    "InvalidResponseError",
-                    f"the value does not fit the output schema of tool {call.name!r}: {problem}",
-                )
-        return resolution
-
-    def _check_retry(self) -> None:
-        s = self._s
-        if s.status == RunStatus.NEEDS_ATTENTION and s.attention is not None:
-            if s.attention.reason == "tool_interrupted":
-                raise _rejection(
-                    "DurableConflictError",
-                    f"run {self._run_id!r} is blocked on the interrupted manual tool call "
-                    f"{s.blocked_operation!r}; retry() never repeats a manual call. Check the "
-                    "external system, then resolve_tool it (json, error, or rerun)",
-                )
-            return
-        if s.status != RunStatus.FAILED:
-            raise _rejection(
-                "DurableConflictError",
-                f"run {self._run_id!r} is {s.status.value}; retry() applies only to failed "
-                "or needs_attention runs",
-            )
-        if not s.retryable:
-            raise _rejection(
-                "DurableConflictError",
-                f"run {self._run_id!r} failed for a reason retrying cannot fix ({s.error}); "
-                "cancel it and start a new run",
-            )
+    def _accept_response(self, accepted: RespondAccepted) -> None:
+        self._s.answered[accepted.interaction_id] = accepted
+        who = f" by {accepted.responder}" if accepted.responder else ""
+        if accepted.type == "question":
+            self._event("answered", accepted.interaction_id, f"answered{who}")
+        else:
+            verdict = "approved" if accepted.approved else "denied"
+            reason = f": {accepted.reason}" if accepted.reason else ""
+            self._event(verdict, accepted.interaction_id, f"{verdict}{who}{reason}")
 
     # -- operations ---------------------------------------------------------------
+
+    async def _interact(
+        self, turn: int, key: str, call: ToolCall, policy: ToolPolicy
+    ) -> ToolResultMessage | None:
+        """Wait for a person; None means approved (the call runs), else the call's result."""
+        s = self._s
+        kind = "question" if policy.question else "tool-approval"
+        interaction = Interaction(
+            id=f"{'question' if policy.question else 'approval'}:{turn}:{call.id}",
+            type=kind,
+            operation=key,
+            tool=call.name,
+            args=call.arguments,
+            args_digest=args_digest(call.arguments),
+            question=str(call.arguments.get("question", "")) if policy.question else None,
+        )
+        s.status = RunStatus.WAITING
+        s.interaction = interaction
+        s.outcome = {"type": "interaction", "interaction": interaction.model_dump(mode="json")}
+        self._event("waiting", key, f"{kind} {interaction.id}")
+        workflow.set_current_details(_waiting_details(interaction))
+        self._publish()
+        timeout = policy.approval_timeout_s
+        try:
+            await workflow.wait_condition(
+                lambda: interaction.id in s.answered,
+                timeout=timedelta(seconds=timeout) if timeout else None,
+                timeout_summary=f"{kind} timeout {interaction.id}",
+            )
+        except builtins.TimeoutError:
+            what = "question" if policy.question else "approval"
+            s.answered[interaction.id] = RespondAccepted(
+                interaction_id=interaction.id,
+                type=kind,
+                approved=False,
+                reason=f"{what} timed out",
+                args_digest=interaction.args_digest,
+            )
+            self._event("timed_out", interaction.id, f"no response within {timeout:g} s")
+        accepted = s.answered[interaction.id]
+        s.status = RunStatus.RUNNING
+        s.interaction = None
+        s.outcome = None
+        self._publish()
+        if accepted.type == "question" and accepted.answer is not None:
+            return ToolResultMessage(call_id=call.id, tool=call.name, content=accepted.answer)
+        if accepted.approved:
+            return None
+        return _error_result(call, f"denied: {accepted.reason or 'no reason given'}")
 
     async def _pin(self) -> AgentPin:
         s = self._s
@@ -423,7 +454,7 @@ class AgentRunWorkflow:
                 return RunStatus.NEEDS_ATTENTION, Attention(reason=detail["reason"], detail=detail)
         if key.startswith("tool:"):
             pin = _require(self._s.pin)
-            call = self._call_for(key)
+            call = find_call(self._s, key)
             policy = pin.tools[call.name]
             if policy.recovery == "manual":
                 return RunStatus.NEEDS_ATTENTION, Attention(
@@ -436,15 +467,6 @@ class AgentRunWorkflow:
                     },
                 )
         return RunStatus.FAILED, None
-
-    def _call_for(self, key: str) -> ToolCall:
-        _, turn, call_id = key.split(":", 2)
-        for m in reversed(self._s.transcript):
-            if m.role == "assistant":
-                for c in m.tool_calls:
-                    if c.id == call_id:
-                        return c
-        raise LookupError(f"no tool call {call_id} in turn {turn}")
 
     async def _park(
         self,
@@ -553,30 +575,6 @@ def _resolved(call: ToolCall, resolution: JsonResolution | ErrorResolution) -> _
     return _ToolOutcome(_error_result(call, resolution.message), "tool_resolved", False)
 
 
-def _rejection(kind: str, message: str) -> ApplicationError:
-    """An update rejection the client maps back to the durably error named `kind`."""
-    return ApplicationError(message, type=kind, non_retryable=True)
-
-
-def _first_error(err: ValidationError) -> str:
-    first = err.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(root)"
-    return f"{where}: {first['msg']}"
-
-
-def _schema_problem(schema: dict[str, Any], value: Any) -> str | None:
-    """Why `value` does not fit the JSON schema, or None if it does."""
-    if not schema:
-        return None
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(schema).iter_errors(value)
-    )
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    return f"{where}: {error.message}"
-
-
 def _start_value(key: SearchAttributeKey[str]) -> str | None:
     return workflow.info().typed_search_attributes.get(key)
 
@@ -603,6 +601,20 @@ def _describe(err: ActivityError) -> str:
     if cause is not None:
         return str(cause.message if hasattr(cause, "message") else cause)
     return str(err)
+
+
+def _waiting_details(interaction: Interaction) -> str:
+    args = render_result(interaction.args)
+    if interaction.type == "question":
+        return (
+            f"**Waiting for an answer** ({interaction.id}): {interaction.question}\n\n"
+            f"Answer with `durably answer RUN TEXT --as NAME`."
+        )
+    return (
+        f"**Waiting for approval** ({interaction.id}) of tool `{interaction.tool}` with "
+        f"`{args}`\n\nApprove with `durably approve RUN --as NAME`, or deny with "
+        "`durably deny RUN --reason ... --as NAME`."
+    )
 
 
 def _attention_details(key: str | None, attention: Attention | None, error: str) -> str:

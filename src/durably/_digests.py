@@ -1,0 +1,35 @@
+"""Digests the workflow and its callers must compute identically.
+
+- The transcript digest lets a worker prove its cached transcript is the
+  run's: `digest(n+1) = sha256(digest(n) + json(message n))`, computed by
+  the workflow and the model activity with this one function.
+- The arguments digest names exactly the tool call a person approves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from durably.messages import Message
+
+__all__ = ["EMPTY_DIGEST", "args_digest", "extend_digest"]
+
+EMPTY_DIGEST = hashlib.sha256(b"durably-transcript-v1").hexdigest()
+_MESSAGE = TypeAdapter[Message](Message)
+
+
+def extend_digest(digest: str, message: Message) -> str:
+    """The digest of a transcript after appending `message`."""
+    h = hashlib.sha256(digest.encode())
+    h.update(_MESSAGE.dump_json(message))
+    return h.hexdigest()
+
+
+def args_digest(arguments: dict[str, Any]) -> str:
+    """A hash of a tool call's canonical JSON arguments (sorted keys, no spaces)."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
