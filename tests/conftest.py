@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -141,3 +141,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_exit_status)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30) -> None:
+    """Wait until `check()` holds, e.g. for visibility to catch up with a run."""
+    async with asyncio.timeout(within):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.1)

@@ -94,7 +94,11 @@ class DurableRuntime:
         self.registry.register(registrations)
 
     async def unregister_agent(self, agent_id: str, version: str | None = None) -> bool:
-        """Remove an agent (or one version); refused while an unfinished run needs it."""
+        """Remove an agent (or one version); refused while an unfinished run needs it.
+
+        Runs on this runtime's task queue count; a run whose version is not
+        known yet (still pinning) counts for every version.
+        """
         wanted = [
             r
             for r in self.registry.all()
@@ -105,7 +109,9 @@ class DurableRuntime:
         versions = {r.version for r in wanted}
         blocking = [
             run.run_id
-            for run in await self.client.list_runs(agent_id=agent_id, unfinished=True)
+            for run in await self.client.list_runs(
+                agent_id=agent_id, unfinished=True, task_queue=self.client.task_queue
+            )
             if run.agent_version is None or run.agent_version in versions
         ]
         if blocking:

@@ -61,6 +61,7 @@ class ErrorType:
     VERSION_MISSING = "DurablyVersionMissing"
     VERSION_INCOMPATIBLE = "DurablyVersionIncompatible"
     MODEL_ERROR = "DurablyModelError"
+    POST_PROCESSING = "DurablyPostProcessingError"
     TOOL_CRASHED = "DurablyToolCrashed"
     TRANSCRIPT_MISMATCH = "DurablyTranscriptMismatch"
 
@@ -149,13 +150,22 @@ class AgentActivities:
                     non_retryable=registration.model_retry is None or not verdict.retryable,
                     next_retry_delay=verdict.retry_after,
                 ) from exc
-        message = _normalise_calls(response.message)
+        try:
+            message = _normalise_calls(response.message)
+            result = ModelCallResult(
+                message=message,
+                usage=response.usage,
+                call_errors=_call_errors(registration, message.tool_calls),
+            )
+        except Exception as exc:
+            # Post-processing is deterministic: retrying it would fail the same way.
+            raise ApplicationError(
+                f"the model's answer could not be processed: {type(exc).__name__}: {exc}",
+                type=ErrorType.POST_PROCESSING,
+                non_retryable=True,
+            ) from exc
         self.cache.put_output(run_id, call.key, message)
-        return ModelCallResult(
-            message=message,
-            usage=response.usage,
-            call_errors=_call_errors(registration, message.tool_calls),
-        )
+        return result
 
     async def _rebuild(self, run_id: str, call: ModelCallInput) -> list[Message]:
         """The full transcript from the cache, or from the workflow on a miss."""

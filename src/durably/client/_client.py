@@ -132,7 +132,10 @@ class DurableClient:
         retry waits: found through visibility, described by each run's
         snapshot.
         """
-        runs = await self.list_runs(status=[s for s in RunStatus if s in _INBOX], limit=limit)
+        # A retry wait is not a workflow status (Temporal holds the backoff), so
+        # running runs are read too; their snapshots tell which wait.
+        wanted = [*_INBOX, RunStatus.RUNNING]
+        runs = await self.list_runs(status=wanted, limit=limit)
         gate = asyncio.Semaphore(16)
 
         async def describe(run: RunSummary) -> InboxItem | None:
@@ -152,10 +155,17 @@ class DurableClient:
         status: RunStatus | str | Sequence[RunStatus | str] | None = None,
         agent_id: str | None = None,
         unfinished: bool | None = None,
+        task_queue: str | None = None,
         limit: int | None = 1000,
     ) -> list[RunSummary]:
-        """Runs from Temporal visibility, newest first."""
+        """Runs from Temporal visibility, newest first (all task queues unless one is named).
+
+        Visibility trails a run's state by a moment: a run that just changed
+        status may still be listed under the old one.
+        """
         clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
+        if task_queue is not None:
+            clauses.append(f"TaskQueue = {_quote(task_queue)}")
         if isinstance(status, str):
             clauses.append(f"{SA_STATUS.name} = {_quote(RunStatus(status).value)}")
         elif status is not None:
@@ -217,7 +227,7 @@ def _inbox_item(snap: RunSnapshot) -> InboxItem | None:
 
 
 def _unreadable(run: RunSummary, err: Exception) -> InboxItem | None:
-    if run.status is None or run.status not in _INBOX:
+    if run.status not in _INBOX:
         return None
     return InboxItem(
         run_id=run.run_id,

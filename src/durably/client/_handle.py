@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from pydantic import BaseModel
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -20,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably.contract import (
+    ACTIVITY_MODEL,
     ResolveToolAccepted,
     ResolveToolRequest,
     RespondAccepted,
@@ -63,11 +65,19 @@ class RunHandle:
         return f"RunHandle({self.run_id!r})"
 
     async def snapshot(self) -> RunSnapshot:
-        """The run's status, outcome, usage and recent events (a query: no history)."""
+        """The run's status, outcome, usage and recent events (a query: no history).
+
+        A model request waiting out its retry backoff lives in Temporal's
+        pending activity, not in the workflow; a running run is shown as
+        `retry_wait`, with the server's `next_attempt_at` and the coming
+        `attempt`, when its model request is in that state.
+        """
         try:
             snapshot: RunSnapshot = await self._handle.query(
                 "snapshot", result_type=RunSnapshot, rpc_timeout=_QUERY_TIMEOUT
             )
+            if snapshot.status == RunStatus.RUNNING:
+                snapshot = await self._with_retry_wait(snapshot)
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 raise RunNotFoundError(
@@ -75,6 +85,27 @@ class RunHandle:
                     "check the id (`durably runs list`)"
                 ) from err
             raise
+        return snapshot
+
+    async def _with_retry_wait(self, snapshot: RunSnapshot) -> RunSnapshot:
+        description = await self._handle.describe(rpc_timeout=_QUERY_TIMEOUT)
+        for pending in description.raw_description.pending_activities:
+            waiting = (
+                pending.activity_type.name == ACTIVITY_MODEL
+                and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
+                and pending.HasField("next_attempt_schedule_time")
+            )
+            if waiting:
+                return snapshot.model_copy(
+                    update={
+                        "status": RunStatus.RETRY_WAIT,
+                        "next_attempt_at": pending.next_attempt_schedule_time.ToDatetime(
+                            tzinfo=UTC
+                        ),
+                        "attempt": pending.attempt,
+                        "error": pending.last_failure.message or None,
+                    }
+                )
         return snapshot
 
     async def result(self, *, poll_interval: float = 0.5) -> RunResult:

@@ -19,6 +19,7 @@ from durably.messages import (
     ToolCall,
     ToolResultMessage,
 )
+from durably.models._base import ErrorClassifier, ModelErrorVerdict
 
 __all__ = ["FunctionModel", "ScriptedModel", "Step", "final", "tool_call"]
 
@@ -48,11 +49,22 @@ async def _call(fn: ModelFunction, request: ModelRequest) -> ModelResponse:
 class FunctionModel:
     """A model whose answer is computed by a function of the request."""
 
-    def __init__(self, fn: ModelFunction, *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        fn: ModelFunction,
+        *,
+        name: str | None = None,
+        classify_error: ErrorClassifier | None = None,
+    ) -> None:
         if not callable(fn):
             raise TypeError("FunctionModel needs a callable taking a ModelRequest")
         self._fn = fn
         self._name = name or _qualname(fn)
+        self._classify = classify_error
+
+    def classify_error(self, error: BaseException) -> ModelErrorVerdict:
+        """Every error is retryable unless a `classify_error` was given."""
+        return self._classify(error) if self._classify else ModelErrorVerdict(retryable=True)
 
     @property
     def identity(self) -> Mapping[str, Any]:

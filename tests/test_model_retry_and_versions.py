@@ -1,0 +1,319 @@
+"""Model retry with persisted backoff, version checks, and the live registry."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+from temporalio import activity
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    DurableClient,
+    DurableConflictError,
+    DurableRuntime,
+    FunctionModel,
+    ModelRequest,
+    ModelRetry,
+    RegistrationError,
+    RunStatus,
+    ScriptedModel,
+    ToolContext,
+    tool,
+)
+from durably.dev import DevServer
+from durably.messages import AssistantMessage, ToolCall
+from durably.models import ModelErrorVerdict, last_tool_results
+
+from .conftest import Runtimes, eventually, record_history, wait_for_status
+
+
+class Overloaded(Exception):
+    """What a provider adapter raises for a 429, with its Retry-After."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"rate limited, retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
+def flaky_model(failures: int, attempts: list[tuple[int, float]]) -> FunctionModel:
+    """Fails its first `failures` attempts (per request), then answers."""
+
+    def answer(request: ModelRequest) -> AssistantMessage:
+        attempt = activity.info().attempt
+        attempts.append((attempt, time.monotonic()))
+        if attempt <= failures:
+            raise Overloaded(retry_after=7) if failures == 99 else ConnectionError("upstream reset")
+        return AssistantMessage(content=f"answered on attempt {attempt}")
+
+    return FunctionModel(answer, name="flaky")
+
+
+class TestModelRetry:
+    async def test_a_model_failing_twice_then_succeeding_completes_after_a_visible_retry_wait(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        attempts: list[tuple[int, float]] = []
+        agent = Agent(id="flaky", model=flaky_model(2, attempts), instructions="")
+        retry = ModelRetry(max_attempts=3, initial_delay_ms=1500, max_delay_ms=3000)
+        await runtimes.start([AgentRegistration(agent, version="1", model_retry=retry)])
+        run = await client.start_run("flaky", "hello")
+
+        waiting = await wait_for_status(run, RunStatus.RETRY_WAIT)
+        assert waiting.next_attempt_at is not None
+        assert waiting.next_attempt_at > datetime.now(UTC)
+        assert waiting.attempt == 2
+        assert "upstream reset" in (waiting.error or "")
+        result = await run.result()
+
+        assert result.output == "answered on attempt 3"
+        assert [a for a, _ in attempts] == [1, 2, 3]
+        assert attempts[1][1] - attempts[0][1] >= 1.4
+        assert attempts[2][1] - attempts[1][1] >= 2.9  # backoff 2.0
+        await record_history(client, run.run_id, "completed_after_model_retry_wait")
+
+    async def test_without_model_retry_a_model_error_fails_the_run_at_once(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        attempts: list[tuple[int, float]] = []
+        agent = Agent(id="flaky", model=flaky_model(1, attempts), instructions="")
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("flaky", "hello")
+
+        snap = await wait_for_status(run, RunStatus.FAILED)
+
+        assert "ConnectionError: upstream reset" in (snap.error or "")
+        assert [a for a, _ in attempts] == [1]
+        accepted = await run.retry()
+        assert accepted.operation == "model:1"
+        # retry() gives the request fresh attempts: attempt 1 again, which fails again.
+        snap = await wait_for_status(run, RunStatus.FAILED)
+        assert [a for a, _ in attempts] == [1, 1]
+        await run.cancel()
+
+    async def test_retry_after_from_the_provider_sets_the_next_delay(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        attempts: list[tuple[int, float]] = []
+
+        def classify(error: BaseException) -> ModelErrorVerdict:
+            if isinstance(error, Overloaded):
+                return ModelErrorVerdict(True, timedelta(seconds=error.retry_after))
+            return ModelErrorVerdict(True)
+
+        base = flaky_model(99, attempts)
+
+        def first_fails(request: ModelRequest) -> AssistantMessage:
+            if activity.info().attempt == 1:
+                return base._fn(request)  # type: ignore[return-value]
+            attempts.append((activity.info().attempt, time.monotonic()))
+            return AssistantMessage(content="after the wait")
+
+        model = FunctionModel(first_fails, name="rate-limited", classify_error=classify)
+        retry = ModelRetry(max_attempts=3, initial_delay_ms=100, max_delay_ms=30_000)
+        agent = Agent(id="limited", model=model, instructions="")
+        await runtimes.start([AgentRegistration(agent, version="1", model_retry=retry)])
+        run = await client.start_run("limited", "hello")
+
+        result = await asyncio.wait_for(run.result(), 60)
+
+        assert result.output == "after the wait"
+        waited = attempts[1][1] - attempts[0][1]
+        assert 6.5 <= waited <= 12, waited
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_retry_wait_survives_a_dev_server_restart(tmp_path: Path) -> None:
+    attempts: list[tuple[int, float]] = []
+    agent = Agent(id="flaky", model=flaky_model(1, attempts), instructions="")
+    retry = ModelRetry(max_attempts=2, initial_delay_ms=12_000, max_delay_ms=12_000)
+    registration = AgentRegistration(agent, version="1", model_retry=retry)
+    server = DevServer(db=tmp_path / "t.db", port=_free_port(), ui_port=_free_port())
+
+    await server.start()
+    try:
+        client = DurableClient(server.client, task_queue="retry-restart")
+        async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
+            await rt.resume()
+            run = await client.start_run("flaky", "hello")
+            before = await wait_for_status(run, RunStatus.RETRY_WAIT)
+    finally:
+        await server.stop()
+    restarted_at = time.monotonic()
+    await server.start()
+    try:
+        client = DurableClient(server.client, task_queue="retry-restart")
+        async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
+            await rt.resume()
+            run = await client.get_run(run.run_id)
+            after = await run.snapshot()
+            assert after.status == RunStatus.RETRY_WAIT
+            assert after.next_attempt_at == before.next_attempt_at
+            result = await asyncio.wait_for(run.result(), 60)
+    finally:
+        await server.stop()
+
+    assert result.output == "answered on attempt 2"
+    assert [a for a, _ in attempts] == [1, 2]
+    assert attempts[1][1] > restarted_at
+
+
+class Refund(BaseModel):
+    order: str
+
+
+def approval_agent(instructions: str, calls: list[str]) -> Agent:
+    """An agent whose run waits for an approval before its tool runs."""
+
+    @tool(requires_approval=True)
+    async def refund(args: Refund, ctx: ToolContext) -> str:
+        """Refund an order."""
+        calls.append(f"tool {args.order}")
+        return f"refunded {args.order}"
+
+    def model(request: ModelRequest) -> AssistantMessage:
+        calls.append(f"model {instructions}")
+        if last_tool_results(request):
+            return AssistantMessage(content=last_tool_results(request)[0].content)
+        return AssistantMessage(
+            tool_calls=(ToolCall(id="c1", name="refund", arguments={"order": "A1"}),)
+        )
+
+    return Agent(
+        id="refunder",
+        model=FunctionModel(model, name="refund-model"),
+        instructions=instructions,
+        tools=[refund],
+    )
+
+
+APPROVE = {"type": "tool-approval", "approved": True}
+
+
+class TestVersions:
+    async def test_a_changed_definition_under_the_same_version_blocks_until_restored(
+        self, client: DurableClient
+    ) -> None:
+        calls: list[str] = []
+        original = AgentRegistration(approval_agent("Refund politely.", calls), version="1")
+        changed = AgentRegistration(approval_agent("Refund rudely.", calls), version="1")
+
+        async with await DurableRuntime.open(client=client, agents=[original]) as rt:
+            await rt.resume()
+            run = await client.start_run("refunder", "refund A1")
+            await wait_for_status(run, RunStatus.WAITING)
+
+        async with await DurableRuntime.open(client=client, agents=[changed]) as rt:
+            await rt.resume()
+            await run.respond("approval:1:c1", APPROVE, responder="alice")
+            snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+            assert snap.attention is not None
+            assert snap.attention.reason == "version_incompatible"
+            assert snap.blocked_operation == "tool:1:c1"
+            assert "differs from the one the run started with" in (snap.current or "")
+
+        assert calls == ["model Refund politely."]  # neither the tool nor the changed model ran
+
+        async with await DurableRuntime.open(client=client, agents=[original]) as rt:
+            await rt.resume()
+            assert (await run.snapshot()).status == RunStatus.NEEDS_ATTENTION  # nothing by itself
+            await run.retry()
+            result = await run.result()
+
+        assert result.output == "refunded A1"
+        assert calls == ["model Refund politely.", "tool A1", "model Refund politely."]
+
+    async def test_a_missing_version_blocks_with_version_missing(
+        self, client: DurableClient
+    ) -> None:
+        calls: list[str] = []
+        v1 = AgentRegistration(approval_agent("v1", calls), version="1")
+        v2 = AgentRegistration(approval_agent("v2", calls), version="2")
+
+        async with await DurableRuntime.open(client=client, agents=[v1]) as rt:
+            await rt.resume()
+            run = await client.start_run("refunder", "refund A1")
+            await wait_for_status(run, RunStatus.WAITING)
+
+        async with await DurableRuntime.open(client=client, agents=[v2]) as rt:
+            await rt.resume()
+            await run.respond("approval:1:c1", APPROVE, responder="alice")
+            snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+            assert snap.attention is not None and snap.attention.reason == "version_missing"
+            rt.register_agents([v1])
+            assert (await run.snapshot()).status == RunStatus.NEEDS_ATTENTION
+            await run.retry()
+            assert (await run.result()).output == "refunded A1"
+        await record_history(client, run.run_id, "version_missing_then_retried")
+
+
+class TestRegistry:
+    async def test_unregister_is_refused_while_a_run_needs_the_agent(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        calls: list[str] = []
+        runtime = await runtimes.start([AgentRegistration(approval_agent("x", calls), version="1")])
+        run = await client.start_run("refunder", "refund A1")
+        await wait_for_status(run, RunStatus.WAITING)
+
+        async def listed() -> bool:
+            return run.run_id in [r.run_id for r in await client.list_runs(unfinished=True)]
+
+        await eventually(listed)
+
+        with pytest.raises(
+            DurableConflictError, match=f"still needed by 1 unfinished run.*{run.run_id}"
+        ):
+            await runtime.unregister_agent("refunder")
+
+        await run.respond("approval:1:c1", APPROVE, responder="alice")
+        await run.result()
+
+        async def none_unfinished() -> bool:
+            runs = await client.list_runs(
+                agent_id="refunder", unfinished=True, task_queue=client.task_queue
+            )
+            return not runs
+
+        await eventually(none_unfinished)
+        assert await runtime.unregister_agent("refunder") is True
+        assert await runtime.unregister_agent("refunder") is False
+
+    async def test_versions_side_by_side_new_runs_take_the_newest_unless_asked(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        def agent(answer: str) -> Agent:
+            return Agent(id="greeter", model=ScriptedModel([answer]), instructions=answer)
+
+        runtime = await runtimes.start(
+            [
+                AgentRegistration(agent("v2"), version="2"),
+                AgentRegistration(agent("v10"), version="10"),
+            ]
+        )
+        newest = await client.start_run("greeter", "hi")
+        pinned = await client.start_run("greeter", "hi", version="2")
+
+        assert (await newest.result()).output == "v10"
+        assert (await pinned.result()).output == "v2"
+        assert (await pinned.snapshot()).agent_version == "2"
+
+        with pytest.raises(RegistrationError, match="Nothing in this batch was registered"):
+            runtime.register_agents(
+                [
+                    AgentRegistration(agent("v3"), version="3"),
+                    AgentRegistration(agent("other"), version="2"),
+                ]
+            )
+        assert runtime.registry.versions("greeter") == ["2", "10"]
