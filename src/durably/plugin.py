@@ -1,10 +1,11 @@
 """`DurablyPlugin`: adopt durably in an existing Temporal client and worker.
 
-To use, pass it to your worker (and client, for the data converter)::
+To use, pass it to your client; every worker built on that client then
+hosts durably too (give it to the worker instead if the client is shared)::
 
     registry = AgentRegistry([AgentRegistration(support_agent, version="1")])
     client = await Client.connect("localhost:7233", plugins=[DurablyPlugin(registry)])
-    worker = Worker(client, task_queue="durably", plugins=[DurablyPlugin(registry)])
+    worker = Worker(client, task_queue="durably")
 
 It adds `AgentRunWorkflow`, the model/tool activities bound to `registry`,
 and the pydantic data converter.
