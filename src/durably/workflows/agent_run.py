@@ -40,7 +40,6 @@ in ``tests/histories/`` that CI replays.
 from __future__ import annotations
 
 import asyncio
-import builtins
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -52,9 +51,9 @@ from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUp
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
-    TimeoutError,
     is_cancelled_exception,
 )
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -322,7 +321,7 @@ class AgentRunWorkflow:
                 timeout=timedelta(seconds=timeout) if timeout else None,
                 timeout_summary=f"{kind} timeout {interaction.id}",
             )
-        except builtins.TimeoutError:
+        except TimeoutError:
             what = "question" if policy.question else "approval"
             s.answered[interaction.id] = RespondAccepted(
                 interaction_id=interaction.id,
@@ -596,7 +595,7 @@ def _retry_policy(spec: RetrySpec) -> RetryPolicy:
 
 def _describe(err: ActivityError) -> str:
     cause = err.cause
-    if isinstance(cause, TimeoutError):
+    if isinstance(cause, ActivityTimeoutError):
         return f"activity timed out ({cause.type.name if cause.type else 'unknown'})"
     if cause is not None:
         return str(cause.message if hasattr(cause, "message") else cause)
