@@ -27,6 +27,11 @@ from durably.contract import SEARCH_ATTRIBUTES
 
 BIN = Path(sys.executable).parent
 
+# Tests never reach a real model provider, whatever the developer's shell
+# holds: the bundled example would otherwise switch to OpenAI.
+for _var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+    os.environ.pop(_var, None)
+
 
 def binary(name: str) -> str:
     """A binary installed beside this interpreter (the venv), else on PATH."""

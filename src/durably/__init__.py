@@ -35,7 +35,13 @@ if TYPE_CHECKING:
         Usage,
         UserMessage,
     )
-    from durably.models import FunctionModel, Model, ScriptedModel
+    from durably.models import (
+        AnthropicModel,
+        FunctionModel,
+        Model,
+        OpenAIChatModel,
+        ScriptedModel,
+    )
     from durably.plugin import DurablyPlugin
     from durably.registry import AgentRegistry
     from durably.tools import Tool, ToolContext, ToolError, tool
@@ -47,6 +53,7 @@ _EXPORTS = {
     "Agent": "durably.agents",
     "AgentRegistration": "durably.agents",
     "AgentRegistry": "durably.registry",
+    "AnthropicModel": "durably.models",
     "AssistantMessage": "durably.messages",
     "DurableClient": "durably.client",
     "DurableConflictError": "durably.errors",
@@ -60,6 +67,7 @@ _EXPORTS = {
     "ModelRequest": "durably.messages",
     "ModelResponse": "durably.messages",
     "ModelRetry": "durably.agents",
+    "OpenAIChatModel": "durably.models",
     "RegistrationError": "durably.errors",
     "RunCancelledError": "durably.errors",
     "RunFailedError": "durably.errors",
@@ -86,6 +94,7 @@ __all__ = [
     "Agent",
     "AgentRegistration",
     "AgentRegistry",
+    "AnthropicModel",
     "AssistantMessage",
     "DurableClient",
     "DurableConflictError",
@@ -99,6 +108,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelRetry",
+    "OpenAIChatModel",
     "RegistrationError",
     "RunCancelledError",
     "RunFailedError",

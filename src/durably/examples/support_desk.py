@@ -10,8 +10,8 @@ It shows the two retrying recovery policies side by side:
 The model is scripted (no API key needed): it searches, opens a ticket, then
 answers with the ticket id. Each step is a function of the request, chosen by
 the number of answers the model already gave, so a restarted worker picks
-the run up exactly where it was. `build_model()` is the seam where a real
-provider will be chosen from the environment.
+the run up exactly where it was. With `OPENAI_API_KEY` or `OPENAI_BASE_URL`
+set, `build_model()` picks an OpenAI-compatible model instead.
 
 Host it with `durably dev`, or on any cluster with::
 
@@ -32,9 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+import structlog
 from pydantic import BaseModel, Field
 
-from durably.agents import Agent, AgentRegistration
+from durably.agents import Agent, AgentRegistration, ModelRetry
 from durably.messages import AssistantMessage, ModelRequest, ToolResultMessage, UserMessage
 from durably.models import Model, ScriptedModel, last_tool_results, tool_call
 from durably.tools import ToolContext, tool
@@ -254,18 +255,43 @@ def answer_step(request: ModelRequest) -> AssistantMessage:
 
 
 def build_model() -> Model:
-    """The model the support desk uses.
+    """The model the support desk uses, chosen from the environment.
 
-    Today: the offline scripted model. This is the seam where a provider
-    (an OpenAI-compatible chat model when `OPENAI_API_KEY`/`OPENAI_BASE_URL`
-    is set) will be chosen; a different model changes the registration's
-    fingerprint, so it must come with a new version.
+    With `OPENAI_API_KEY` or `OPENAI_BASE_URL` set, an `OpenAIChatModel`
+    (model `$DURABLY_OPENAI_MODEL`, default `gpt-4o-mini`) on OpenAI or any
+    OpenAI-compatible server such as Ollama; a local server needs no key.
+    Otherwise, or without the `openai` extra, the offline scripted model. A
+    different model changes the registration's fingerprint, so the provider
+    model is registered under its own version (see `build_registrations`).
     """
-    return ScriptedModel([search_step, ticket_step, answer_step], name="support-desk-scripted")
+    scripted = ScriptedModel([search_step, ticket_step, answer_step], name="support-desk-scripted")
+    base_url = os.environ.get("OPENAI_BASE_URL") or None
+    has_key = bool(os.environ.get("OPENAI_API_KEY"))
+    if not (has_key or base_url):
+        return scripted
+    try:
+        from durably.models import OpenAIChatModel
+
+        return OpenAIChatModel(
+            os.environ.get("DURABLY_OPENAI_MODEL") or "gpt-4o-mini",
+            base_url=base_url,
+            # Local servers ignore the key, but the SDK will not start without one.
+            api_key=None if has_key else "unused",
+        )
+    except ImportError as exc:
+        structlog.get_logger("durably").warning(
+            f"OPENAI_API_KEY/OPENAI_BASE_URL is set but {exc}; the support desk uses its "
+            "scripted model"
+        )
+        return scripted
 
 
 def build_registrations() -> list[AgentRegistration]:
-    """The support-desk agent at version "1", with its recovery policies."""
+    """The support-desk agent, with its recovery policies.
+
+    Version "1" with the scripted model; "1-openai" with a provider model,
+    whose failed requests Temporal retries (honouring `Retry-After`).
+    """
     agent = Agent(
         id=AGENT_ID,
         model=build_model(),
@@ -273,11 +299,13 @@ def build_registrations() -> list[AgentRegistration]:
         tools=[search_kb, create_ticket],
         max_turns=6,
     )
+    scripted = isinstance(agent.model, ScriptedModel)
     return [
         AgentRegistration(
             agent,
-            version="1",
+            version="1" if scripted else "1-openai",
             tool_recovery={"search_kb": "safe", "create_ticket": "idempotent"},
+            model_retry=None if scripted else ModelRetry(max_attempts=5),
         )
     ]
 

@@ -1,8 +1,22 @@
-"""Models: the protocol, and the function/scripted models for tests and demos.
+"""Models: the protocol, provider adapters, and function/scripted models.
 
-Provider adapters (OpenAI-compatible, Anthropic) live beside these and need
-the `openai` / `anthropic` extras.
+- `OpenAIChatModel` (any OpenAI-compatible Chat Completions server) and
+  `AnthropicModel` (the Messages API) need the `openai` / `anthropic` extras;
+  they load on first use, so importing durably never needs either SDK.
+- `FunctionModel` and `ScriptedModel` answer from plain Python, for tests and
+  the offline demo.
+
+Provider errors become a `ModelErrorVerdict` for Temporal's retries: with
+`x-should-retry: true|false` the server decides; otherwise 408, 409, 429,
+5xx, connection errors and timeouts are retryable and other 4xx are not;
+`retry-after-ms` or `Retry-After` (seconds or an HTTP date) sets the next
+retry delay. Each adapter takes `classify_error=` to judge errors its own way.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from durably.models._base import (
     ErrorClassifier,
@@ -19,11 +33,17 @@ from durably.models._function import (
     tool_call,
 )
 
+if TYPE_CHECKING:
+    from durably.models._anthropic import AnthropicModel
+    from durably.models._openai import OpenAIChatModel
+
 __all__ = [
+    "AnthropicModel",
     "ErrorClassifier",
     "FunctionModel",
     "Model",
     "ModelErrorVerdict",
+    "OpenAIChatModel",
     "ScriptedModel",
     "Step",
     "classify_model_error",
@@ -31,3 +51,18 @@ __all__ = [
     "last_tool_results",
     "tool_call",
 ]
+
+# Provider adapters load on first use (they stay out of the workflow sandbox).
+_PROVIDERS = {
+    "AnthropicModel": "durably.models._anthropic",
+    "OpenAIChatModel": "durably.models._openai",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PROVIDERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'durably.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,322 @@
+"""`OpenAIChatModel`: Chat Completions through the official `openai` SDK.
+
+Any server that speaks the OpenAI Chat Completions API works through
+`base_url`: OpenAI itself, Ollama, vLLM, LM Studio, OpenRouter. Needs the
+`openai` extra (`pip install 'durably[openai]'`); this module imports
+without it and says so when the model is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from durably.messages import (
+    AssistantMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolResultMessage,
+    ToolSpec,
+    Usage,
+)
+from durably.models._base import ErrorClassifier, ModelErrorVerdict
+from durably.models._provider import PERMANENT, RETRYABLE, http_verdict, import_sdk
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+    from openai.types.chat import ChatCompletion
+
+__all__ = [
+    "OpenAIChatModel",
+    "from_openai_completion",
+    "openai_messages",
+    "openai_tools",
+    "parse_tool_arguments",
+]
+
+# Prefixed to an error result's content: Chat Completions has no error flag.
+ERROR_PREFIX = "Error: "
+
+
+class OpenAIChatModel:
+    """A model behind an OpenAI-compatible Chat Completions API, with tool calling.
+
+    Example::
+
+        OpenAIChatModel("gpt-4o-mini", temperature=0)
+        OpenAIChatModel("llama3.1", base_url="http://localhost:11434/v1", api_key="ollama")
+
+    The key comes from `api_key`, else the SDK reads `OPENAI_API_KEY`; the
+    server from `base_url`, else `OPENAI_BASE_URL`, else OpenAI. The client
+    never retries on its own (`max_retries=0`): Temporal retries under the
+    registration's `ModelRetry`, and `classify_error` tells it which errors
+    are worth it and how long a `Retry-After` asks to wait. Pass
+    `classify_error=` to judge errors your own way.
+
+    `output_schema` (a pydantic model or a JSON schema) asks for a final
+    answer that is JSON of that shape (`response_format` `json_schema`).
+    `extra_body` is merged into every request, for server-specific settings.
+    A ready `client` (an `openai.AsyncOpenAI`, e.g. for Azure) may replace
+    `base_url`/`api_key`/`timeout`; durably uses a copy with retries off.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        output_schema: type[BaseModel] | Mapping[str, Any] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        client: AsyncOpenAI | None = None,
+        classify_error: ErrorClassifier | None = None,
+    ) -> None:
+        sdk = import_sdk("openai", extra="openai", user="OpenAIChatModel")
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError("OpenAIChatModel needs a model name, e.g. 'gpt-4o-mini'")
+        if client is not None and not isinstance(client, sdk.AsyncOpenAI):
+            raise TypeError(f"client must be an openai.AsyncOpenAI, got {type(client).__name__}")
+        if client is not None and (base_url or api_key or timeout is not None):
+            raise ValueError(
+                "pass base_url, api_key and timeout either to your client or to "
+                "OpenAIChatModel, not to both"
+            )
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if classify_error is not None and not callable(classify_error):
+            raise TypeError("classify_error must be a callable taking the raised exception")
+        self._model = model
+        self._api_key = api_key
+        self._timeout = timeout
+        # A copy with retries off: Temporal owns retries.
+        self._given_client: AsyncOpenAI | None = (
+            client.with_options(max_retries=0) if client is not None else None
+        )
+        if client is not None:
+            self._base_url: str | None = str(client.base_url)
+        else:
+            self._base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self._settings: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("temperature", temperature),
+                ("max_tokens", max_tokens),
+                ("top_p", top_p),
+                ("seed", seed),
+            )
+            if v is not None
+        }
+        self._response_format = _response_format(output_schema) if output_schema else None
+        self._extra_body = dict(extra_body) if extra_body else None
+        self._classify = classify_error
+        self._clients: tuple[asyncio.AbstractEventLoop, AsyncOpenAI] | None = None
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def identity(self) -> Mapping[str, Any]:
+        """Provider, model, server and every setting given; never the key.
+
+        Settings left unset are left out, so a later release that learns a
+        new setting does not change existing fingerprints.
+        """
+        identity: dict[str, Any] = {"provider": "openai", "model": self._model}
+        if self._base_url:
+            identity["base_url"] = self._base_url.rstrip("/")
+        identity.update(self._settings)
+        if self._response_format is not None:
+            identity["response_format"] = self._response_format
+        if self._extra_body is not None:
+            identity["extra_body"] = self._extra_body
+        return identity
+
+    def __repr__(self) -> str:
+        where = f", base_url={self._base_url!r}" if self._base_url else ""
+        return f"OpenAIChatModel({self._model!r}{where})"
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        params: dict[str, Any] = {
+            "model": self._model,
+            "messages": openai_messages(request),
+            **self._settings,
+        }
+        if request.tools:
+            params["tools"] = openai_tools(request.tools)
+        if self._response_format is not None:
+            params["response_format"] = self._response_format
+        if self._extra_body is not None:
+            params["extra_body"] = self._extra_body
+        completion: ChatCompletion = await self._client().chat.completions.create(**params)
+        return from_openai_completion(completion)
+
+    def classify_error(self, error: BaseException) -> ModelErrorVerdict:
+        """Whether Temporal should retry after `error`, and when.
+
+        The `classify_error=` given to the constructor decides if there is
+        one; otherwise `default_classify_error`.
+        """
+        if self._classify is not None:
+            return self._classify(error)
+        return self.default_classify_error(error)
+
+    @staticmethod
+    def default_classify_error(error: BaseException) -> ModelErrorVerdict:
+        """The built-in verdict: HTTP statuses and headers as `durably.models` documents.
+
+        Connection errors and timeouts are retryable; other `openai` errors
+        raised before a request is sent (missing credentials, bad options)
+        are not; anything else is.
+        """
+        import openai
+
+        if isinstance(error, openai.APIStatusError):
+            return http_verdict(error.status_code, error.response.headers)
+        if isinstance(error, openai.APIConnectionError | openai.APIResponseValidationError):
+            return RETRYABLE
+        if isinstance(error, openai.OpenAIError):
+            return PERMANENT
+        return RETRYABLE
+
+    def _client(self) -> AsyncOpenAI:
+        if self._given_client is not None:
+            return self._given_client
+        # One client per event loop: its pooled connections belong to the loop.
+        loop = asyncio.get_running_loop()
+        if self._clients is None or self._clients[0] is not loop:
+            from openai import AsyncOpenAI
+
+            options: dict[str, Any] = {}
+            if self._timeout is not None:
+                options["timeout"] = self._timeout
+            client = AsyncOpenAI(
+                api_key=self._api_key,
+                base_url=self._base_url,
+                max_retries=0,
+                **options,
+            )
+            self._clients = (loop, client)
+        return self._clients[1]
+
+
+def openai_messages(request: ModelRequest) -> list[dict[str, Any]]:
+    """The request's instructions and transcript as Chat Completions messages.
+
+    An error result's content starts with `Error: `, since a `tool` message
+    has no error flag. A call whose arguments were not a JSON object is sent
+    back with `{}`: several compatible servers reject a tool call whose
+    arguments do not parse, and the error result quotes the text.
+    """
+    messages: list[dict[str, Any]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    for m in request.messages:
+        if isinstance(m, AssistantMessage):
+            out: dict[str, Any] = {"role": "assistant", "content": m.content}
+            if m.tool_calls:
+                out["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                    }
+                    for c in m.tool_calls
+                ]
+            elif m.content is None:
+                out["content"] = ""
+            messages.append(out)
+        elif isinstance(m, ToolResultMessage):
+            content = f"{ERROR_PREFIX}{m.content}" if m.is_error else m.content
+            messages.append({"role": "tool", "tool_call_id": m.call_id, "content": content})
+        else:
+            messages.append({"role": "user", "content": m.content})
+    return messages
+
+
+def openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+    """Tool specs as Chat Completions `function` tools."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+            },
+        }
+        for t in tools
+    ]
+
+
+def from_openai_completion(completion: ChatCompletion) -> ModelResponse:
+    """The first choice of a chat completion as durably's answer, with its usage."""
+    if not completion.choices:
+        raise ValueError(
+            f"the chat completion {completion.id!r} has no choices; the server returned no answer"
+        )
+    message = completion.choices[0].message
+    calls: list[ToolCall] = []
+    for tc in message.tool_calls or ():
+        function = getattr(tc, "function", None)
+        if function is not None:
+            name, text = function.name, function.arguments
+        else:  # a non-function ("custom") tool call: its input is free text
+            custom = getattr(tc, "custom", None)
+            name, text = getattr(custom, "name", "?"), getattr(custom, "input", None)
+            text = text if text is not None else ""
+        arguments, raw = parse_tool_arguments(text)
+        calls.append(ToolCall(id=tc.id, name=name, arguments=arguments, raw_arguments=raw))
+    content = message.content if message.content is not None else message.refusal
+    usage = completion.usage
+    return ModelResponse(
+        message=AssistantMessage(content=content, tool_calls=tuple(calls)),
+        usage=Usage(
+            requests=1,
+            input_tokens=(usage.prompt_tokens or 0) if usage else 0,
+            output_tokens=(usage.completion_tokens or 0) if usage else 0,
+        ),
+    )
+
+
+def parse_tool_arguments(text: str | None) -> tuple[dict[str, Any], str | None]:
+    """`(arguments, raw_arguments)`: a JSON object decoded, anything else kept as text.
+
+    Empty arguments mean no arguments (some servers send `""` for a tool
+    without parameters).
+    """
+    if text is None or not text.strip():
+        return {}, None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}, text
+    if isinstance(value, dict):
+        return value, None
+    return {}, text
+
+
+def _response_format(schema: type[BaseModel] | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        name, body = schema.__name__, schema.model_json_schema()
+    elif isinstance(schema, Mapping):
+        body = dict(schema)
+        name = str(body.get("title") or "output")
+    else:
+        raise TypeError(
+            f"output_schema must be a pydantic model class or a JSON schema dict, got {schema!r}"
+        )
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "output"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": body}}

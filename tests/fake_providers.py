@@ -1,0 +1,320 @@
+"""Fake OpenAI and Anthropic servers: real HTTP on a real socket, scripted replies.
+
+Each fake is a stdlib `ThreadingHTTPServer` in a daemon thread. Every POST
+is recorded (path, headers, JSON body, arrival time) and answered with the
+next scripted `Reply`; when the script runs out the server answers a 400
+with `x-should-retry: false`, so a test that under-scripts fails fast with a
+message instead of hanging. Reply bodies are shaped like the providers' own
+(`chat.completion` objects, Anthropic `message` objects, their error
+envelopes), so the real SDK clients parse them as they would in production.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+from durably.models import AnthropicModel, OpenAIChatModel
+
+__all__ = [
+    "FakeAnthropic",
+    "FakeOpenAI",
+    "FakeProvider",
+    "Received",
+    "Reply",
+    "SeenResult",
+]
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted HTTP answer."""
+
+    body: Any
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request the server got."""
+
+    path: str
+    headers: Mapping[str, str]  # names in lower case
+    body: dict[str, Any]
+    at: float  # time.monotonic() on arrival
+
+
+@dataclass(frozen=True)
+class SeenResult:
+    """A tool result as the provider received it, in provider-neutral terms."""
+
+    call_id: str
+    content: str
+    is_error: bool
+
+
+class FakeProvider:
+    """An HTTP server answering POSTs with scripted replies, in order."""
+
+    name: ClassVar[str]
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._replies: deque[Reply] = deque()
+        self._received: list[Received] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.02},  # how fast shutdown() is noticed
+            name=f"fake-{self.name}",
+            daemon=True,
+        )
+
+    def __enter__(self) -> FakeProvider:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self._replies.extend(replies)
+
+    @property
+    def received(self) -> list[Received]:
+        with self._lock:
+            return list(self._received)
+
+    def gaps(self) -> list[float]:
+        """Seconds between consecutive requests."""
+        times = [r.at for r in self.received]
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    # -- provider-specific, filled in by subclasses ------------------------------------
+
+    def model(self, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def tool_calls(self, *calls: tuple[str, str, Any], usage: tuple[int, int] = (10, 5)) -> Reply:
+        """A reply calling tools: `(call id, tool name, arguments dict or raw text)`."""
+        raise NotImplementedError
+
+    def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> Reply:
+        raise NotImplementedError
+
+    def error(
+        self, status: int, message: str = "scripted failure", headers: Mapping[str, str] = {}
+    ) -> Reply:
+        raise NotImplementedError
+
+    def tool_results(self, body: Mapping[str, Any]) -> list[SeenResult]:
+        """The tool results at the end of a request body."""
+        raise NotImplementedError
+
+    # -- the server ---------------------------------------------------------------------
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                with fake._lock:
+                    fake._received.append(
+                        Received(
+                            path=self.path,
+                            headers={k.lower(): v for k, v in self.headers.items()},
+                            body=json.loads(raw or b"{}"),
+                            at=time.monotonic(),
+                        )
+                    )
+                    reply = fake._replies.popleft() if fake._replies else None
+                if reply is None:
+                    reply = fake.error(
+                        400, "fake server: no reply scripted", {"x-should-retry": "false"}
+                    )
+                if reply.delay:
+                    time.sleep(reply.delay)
+                data = json.dumps(reply.body).encode()
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+def _arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+class FakeOpenAI(FakeProvider):
+    """Speaks Chat Completions under `/v1/chat/completions`."""
+
+    name = "openai"
+
+    def model(self, **kwargs: Any) -> OpenAIChatModel:
+        kwargs.setdefault("api_key", "test-key")
+        kwargs.setdefault("base_url", f"{self.url}/v1")
+        return OpenAIChatModel("gpt-4o-mini", **kwargs)
+
+    def tool_calls(self, *calls: tuple[str, str, Any], usage: tuple[int, int] = (10, 5)) -> Reply:
+        return Reply(
+            _completion(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "refusal": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": name, "arguments": _arguments_text(args)},
+                        }
+                        for call_id, name, args in calls
+                    ],
+                },
+                "tool_calls",
+                usage,
+            )
+        )
+
+    def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> Reply:
+        return Reply(
+            _completion({"role": "assistant", "content": text, "refusal": None}, "stop", usage)
+        )
+
+    def error(
+        self, status: int, message: str = "scripted failure", headers: Mapping[str, str] = {}
+    ) -> Reply:
+        kind = "rate_limit_error" if status == 429 else "invalid_request_error"
+        return Reply(
+            {"error": {"message": message, "type": kind, "param": None, "code": None}},
+            status=status,
+            headers=headers,
+        )
+
+    def tool_results(self, body: Mapping[str, Any]) -> list[SeenResult]:
+        tail = list(itertools.takewhile(lambda m: m["role"] == "tool", reversed(body["messages"])))
+        return [
+            SeenResult(
+                call_id=m["tool_call_id"],
+                content=m["content"],
+                is_error=m["content"].startswith("Error: "),
+            )
+            for m in reversed(tail)
+        ]
+
+
+def _completion(message: dict[str, Any], finish: str, usage: tuple[int, int]) -> dict[str, Any]:
+    prompt, completion = usage
+    return {
+        "id": f"chatcmpl-fake{next(_ids)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "gpt-4o-mini-2024-07-18",
+        "system_fingerprint": "fp_fake",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
+class FakeAnthropic(FakeProvider):
+    """Speaks the Messages API under `/v1/messages`."""
+
+    name = "anthropic"
+
+    def model(self, **kwargs: Any) -> AnthropicModel:
+        kwargs.setdefault("api_key", "test-key")
+        kwargs.setdefault("base_url", self.url)
+        return AnthropicModel("claude-haiku-4-5", **kwargs)
+
+    def tool_calls(self, *calls: tuple[str, str, Any], usage: tuple[int, int] = (10, 5)) -> Reply:
+        blocks = [
+            {"type": "tool_use", "id": call_id, "name": name, "input": args}
+            for call_id, name, args in calls
+        ]
+        return Reply(_message(blocks, "tool_use", usage))
+
+    def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> Reply:
+        return Reply(_message([{"type": "text", "text": text}], "end_turn", usage))
+
+    def error(
+        self, status: int, message: str = "scripted failure", headers: Mapping[str, str] = {}
+    ) -> Reply:
+        kind = {
+            429: "rate_limit_error",
+            500: "api_error",
+            529: "overloaded_error",
+        }.get(status, "invalid_request_error")
+        return Reply(
+            {"type": "error", "error": {"type": kind, "message": message}},
+            status=status,
+            headers=headers,
+        )
+
+    def tool_results(self, body: Mapping[str, Any]) -> list[SeenResult]:
+        last = body["messages"][-1]
+        assert last["role"] == "user"
+        return [
+            SeenResult(
+                call_id=b["tool_use_id"],
+                content=b["content"],
+                is_error=bool(b.get("is_error", False)),
+            )
+            for b in last["content"]
+            if b["type"] == "tool_result"
+        ]
+
+
+def _message(blocks: list[dict[str, Any]], stop: str, usage: tuple[int, int]) -> dict[str, Any]:
+    input_tokens, output_tokens = usage
+    return {
+        "id": f"msg_fake{next(_ids)}",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-haiku-4-5-20251001",
+        "content": blocks,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
