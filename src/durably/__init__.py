@@ -39,12 +39,13 @@ if TYPE_CHECKING:
         AnthropicModel,
         FunctionModel,
         Model,
+        ModelErrorVerdict,
         OpenAIChatModel,
         ScriptedModel,
     )
     from durably.plugin import DurablyPlugin
     from durably.registry import AgentRegistry
-    from durably.tools import Tool, ToolContext, ToolError, tool
+    from durably.tools import Tool, ToolContext, ToolError, question_tool, tool
     from durably.worker import DurableRuntime
 
 # Names load on first use, so importing `durably.workflows` inside the
@@ -66,6 +67,7 @@ _EXPORTS = {
     "Model": "durably.models",
     "ModelRequest": "durably.messages",
     "ModelResponse": "durably.messages",
+    "ModelErrorVerdict": "durably.models",
     "ModelRetry": "durably.agents",
     "OpenAIChatModel": "durably.models",
     "RegistrationError": "durably.errors",
@@ -87,6 +89,7 @@ _EXPORTS = {
     "ToolSpec": "durably.messages",
     "Usage": "durably.messages",
     "UserMessage": "durably.messages",
+    "question_tool": "durably.tools",
     "tool": "durably.tools",
 }
 
@@ -105,6 +108,7 @@ __all__ = [
     "InteractionConflictError",
     "InvalidResponseError",
     "Model",
+    "ModelErrorVerdict",
     "ModelRequest",
     "ModelResponse",
     "ModelRetry",
@@ -128,6 +132,7 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "UserMessage",
+    "question_tool",
     "tool",
 ]
 
