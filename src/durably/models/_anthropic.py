@@ -6,9 +6,7 @@ module imports without it and says so when the model is built.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +20,7 @@ from durably.messages import (
     Usage,
 )
 from durably.models._base import ErrorClassifier, ModelErrorVerdict
-from durably.models._provider import PERMANENT, RETRYABLE, http_verdict, import_sdk
+from durably.models._provider import PERMANENT, RETRYABLE, ProviderModel, given, http_verdict
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
@@ -35,7 +33,7 @@ __all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools", "from_anth
 _EMPTY_TURN = "(no answer)"
 
 
-class AnthropicModel:
+class AnthropicModel(ProviderModel["AsyncAnthropic"]):
     """A Claude model behind the Anthropic Messages API, with tool use.
 
     Example::
@@ -55,6 +53,11 @@ class AnthropicModel:
     durably uses a copy with retries off.
     """
 
+    _provider = "anthropic"
+    _client_class = "AsyncAnthropic"
+    _base_url_env = "ANTHROPIC_BASE_URL"
+    _example_model = "claude-sonnet-4-5"
+
     def __init__(
         self,
         model: str,
@@ -70,71 +73,25 @@ class AnthropicModel:
         client: AsyncAnthropic | None = None,
         classify_error: ErrorClassifier | None = None,
     ) -> None:
-        sdk = import_sdk("anthropic", extra="anthropic", user="AnthropicModel")
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError("AnthropicModel needs a model name, e.g. 'claude-sonnet-4-5'")
-        if client is not None and not isinstance(client, sdk.AsyncAnthropic):
-            raise TypeError(
-                f"client must be an anthropic.AsyncAnthropic, got {type(client).__name__}"
-            )
-        if client is not None and (base_url or api_key or timeout is not None):
-            raise ValueError(
-                "pass base_url, api_key and timeout either to your client or to "
-                "AnthropicModel, not to both"
-            )
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            client=client,
+            extra_body=extra_body,
+            classify_error=classify_error,
+        )
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         if isinstance(stop_sequences, str):
             raise TypeError("stop_sequences must be a list of strings, not one string")
-        if classify_error is not None and not callable(classify_error):
-            raise TypeError("classify_error must be a callable taking the raised exception")
-        self._model = model
-        self._api_key = api_key
-        self._timeout = timeout
-        # A copy with retries off: Temporal owns retries.
-        self._given_client: AsyncAnthropic | None = (
-            client.with_options(max_retries=0) if client is not None else None
+        self._settings = given(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop_sequences=list(stop_sequences) if stop_sequences else None,
         )
-        if client is not None:
-            self._base_url: str | None = str(client.base_url)
-        else:
-            self._base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
-        self._settings: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("max_tokens", max_tokens),
-                ("temperature", temperature),
-                ("top_p", top_p),
-                ("stop_sequences", list(stop_sequences) if stop_sequences else None),
-            )
-            if v is not None
-        }
-        self._extra_body = dict(extra_body) if extra_body else None
-        self._classify = classify_error
-        self._clients: tuple[asyncio.AbstractEventLoop, AsyncAnthropic] | None = None
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def identity(self) -> Mapping[str, Any]:
-        """Provider, model, server and every setting given; never the key.
-
-        Settings left unset are left out, so a later release that learns a
-        new setting does not change existing fingerprints.
-        """
-        identity: dict[str, Any] = {"provider": "anthropic", "model": self._model}
-        if self._base_url:
-            identity["base_url"] = self._base_url.rstrip("/")
-        identity.update(self._settings)
-        if self._extra_body is not None:
-            identity["extra_body"] = self._extra_body
-        return identity
-
-    def __repr__(self) -> str:
-        where = f", base_url={self._base_url!r}" if self._base_url else ""
-        return f"AnthropicModel({self._model!r}{where})"
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         params: dict[str, Any] = {
@@ -150,16 +107,6 @@ class AnthropicModel:
             params["extra_body"] = self._extra_body
         message: Message = await self._client().messages.create(**params)
         return from_anthropic_message(message)
-
-    def classify_error(self, error: BaseException) -> ModelErrorVerdict:
-        """Whether Temporal should retry after `error`, and when.
-
-        The `classify_error=` given to the constructor decides if there is
-        one; otherwise `default_classify_error`.
-        """
-        if self._classify is not None:
-            return self._classify(error)
-        return self.default_classify_error(error)
 
     @staticmethod
     def default_classify_error(error: BaseException) -> ModelErrorVerdict:
@@ -185,26 +132,6 @@ class AnthropicModel:
         if isinstance(error, anthropic.AnthropicError):
             return PERMANENT
         return RETRYABLE
-
-    def _client(self) -> AsyncAnthropic:
-        if self._given_client is not None:
-            return self._given_client
-        # One client per event loop: its pooled connections belong to the loop.
-        loop = asyncio.get_running_loop()
-        if self._clients is None or self._clients[0] is not loop:
-            from anthropic import AsyncAnthropic
-
-            options: dict[str, Any] = {}
-            if self._timeout is not None:
-                options["timeout"] = self._timeout
-            client = AsyncAnthropic(
-                api_key=self._api_key,
-                base_url=self._base_url,
-                max_retries=0,
-                **options,
-            )
-            self._clients = (loop, client)
-        return self._clients[1]
 
 
 def anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:

@@ -8,9 +8,7 @@ without it and says so when the model is built.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -27,7 +25,7 @@ from durably.messages import (
     Usage,
 )
 from durably.models._base import ErrorClassifier, ModelErrorVerdict
-from durably.models._provider import PERMANENT, RETRYABLE, http_verdict, import_sdk
+from durably.models._provider import PERMANENT, RETRYABLE, ProviderModel, given, http_verdict
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -45,7 +43,7 @@ __all__ = [
 ERROR_PREFIX = "Error: "
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
     """A model behind an OpenAI-compatible Chat Completions API, with tool calling.
 
     Example::
@@ -67,6 +65,11 @@ class OpenAIChatModel:
     `base_url`/`api_key`/`timeout`; durably uses a copy with retries off.
     """
 
+    _provider = "openai"
+    _client_class = "AsyncOpenAI"
+    _base_url_env = "OPENAI_BASE_URL"
+    _example_model = "gpt-4o-mini"
+
     def __init__(
         self,
         model: str,
@@ -83,70 +86,24 @@ class OpenAIChatModel:
         client: AsyncOpenAI | None = None,
         classify_error: ErrorClassifier | None = None,
     ) -> None:
-        sdk = import_sdk("openai", extra="openai", user="OpenAIChatModel")
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError("OpenAIChatModel needs a model name, e.g. 'gpt-4o-mini'")
-        if client is not None and not isinstance(client, sdk.AsyncOpenAI):
-            raise TypeError(f"client must be an openai.AsyncOpenAI, got {type(client).__name__}")
-        if client is not None and (base_url or api_key or timeout is not None):
-            raise ValueError(
-                "pass base_url, api_key and timeout either to your client or to "
-                "OpenAIChatModel, not to both"
-            )
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            client=client,
+            extra_body=extra_body,
+            classify_error=classify_error,
+        )
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if classify_error is not None and not callable(classify_error):
-            raise TypeError("classify_error must be a callable taking the raised exception")
-        self._model = model
-        self._api_key = api_key
-        self._timeout = timeout
-        # A copy with retries off: Temporal owns retries.
-        self._given_client: AsyncOpenAI | None = (
-            client.with_options(max_retries=0) if client is not None else None
+        self._settings = given(
+            temperature=temperature,
+            max_tokens=max_tokens,
+            top_p=top_p,
+            seed=seed,
+            response_format=_response_format(output_schema) if output_schema else None,
         )
-        if client is not None:
-            self._base_url: str | None = str(client.base_url)
-        else:
-            self._base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        self._settings: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("temperature", temperature),
-                ("max_tokens", max_tokens),
-                ("top_p", top_p),
-                ("seed", seed),
-            )
-            if v is not None
-        }
-        self._response_format = _response_format(output_schema) if output_schema else None
-        self._extra_body = dict(extra_body) if extra_body else None
-        self._classify = classify_error
-        self._clients: tuple[asyncio.AbstractEventLoop, AsyncOpenAI] | None = None
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def identity(self) -> Mapping[str, Any]:
-        """Provider, model, server and every setting given; never the key.
-
-        Settings left unset are left out, so a later release that learns a
-        new setting does not change existing fingerprints.
-        """
-        identity: dict[str, Any] = {"provider": "openai", "model": self._model}
-        if self._base_url:
-            identity["base_url"] = self._base_url.rstrip("/")
-        identity.update(self._settings)
-        if self._response_format is not None:
-            identity["response_format"] = self._response_format
-        if self._extra_body is not None:
-            identity["extra_body"] = self._extra_body
-        return identity
-
-    def __repr__(self) -> str:
-        where = f", base_url={self._base_url!r}" if self._base_url else ""
-        return f"OpenAIChatModel({self._model!r}{where})"
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         params: dict[str, Any] = {
@@ -156,22 +113,10 @@ class OpenAIChatModel:
         }
         if request.tools:
             params["tools"] = openai_tools(request.tools)
-        if self._response_format is not None:
-            params["response_format"] = self._response_format
         if self._extra_body is not None:
             params["extra_body"] = self._extra_body
         completion: ChatCompletion = await self._client().chat.completions.create(**params)
         return from_openai_completion(completion)
-
-    def classify_error(self, error: BaseException) -> ModelErrorVerdict:
-        """Whether Temporal should retry after `error`, and when.
-
-        The `classify_error=` given to the constructor decides if there is
-        one; otherwise `default_classify_error`.
-        """
-        if self._classify is not None:
-            return self._classify(error)
-        return self.default_classify_error(error)
 
     @staticmethod
     def default_classify_error(error: BaseException) -> ModelErrorVerdict:
@@ -190,26 +135,6 @@ class OpenAIChatModel:
         if isinstance(error, openai.OpenAIError):
             return PERMANENT
         return RETRYABLE
-
-    def _client(self) -> AsyncOpenAI:
-        if self._given_client is not None:
-            return self._given_client
-        # One client per event loop: its pooled connections belong to the loop.
-        loop = asyncio.get_running_loop()
-        if self._clients is None or self._clients[0] is not loop:
-            from openai import AsyncOpenAI
-
-            options: dict[str, Any] = {}
-            if self._timeout is not None:
-                options["timeout"] = self._timeout
-            client = AsyncOpenAI(
-                api_key=self._api_key,
-                base_url=self._base_url,
-                max_retries=0,
-                **options,
-            )
-            self._clients = (loop, client)
-        return self._clients[1]
 
 
 def openai_messages(request: ModelRequest) -> list[dict[str, Any]]:

@@ -1,31 +1,43 @@
-"""What the provider adapters share: HTTP error verdicts and the SDK extras.
+"""What the provider adapters share: their SDK plumbing, HTTP error verdicts, the extras.
 
 The failure this prevents: a provider SDK retrying inside one activity
 attempt. Its retries are invisible to the history, stretch the attempt past
 its heartbeat and start-to-close timeouts, and ignore the registration's
-`ModelRetry`. So every adapter builds its client with `max_retries=0`, and
-what the SDK would have decided becomes a `ModelErrorVerdict` for Temporal:
+`ModelRetry`. So `ProviderModel` gives every adapter's client (built, or a
+copy of one passed in) `max_retries=0`, and what the SDK would have decided
+becomes a `ModelErrorVerdict` for Temporal:
 
 - `x-should-retry: true|false` decides when the server sends it;
 - otherwise 408, 409, 429 and every 5xx are retryable, other statuses are not;
 - `retry-after-ms`, else `Retry-After` (seconds or an HTTP date), becomes
   the next retry delay in place of the policy's backoff.
+
+Keeping the client, the server and the identity in one base also keeps the
+adapters' fingerprints built the same way: an adapter adds only its SDK's
+names, its settings, and how it speaks to its API.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import importlib
 import math
-from collections.abc import Mapping
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from types import ModuleType
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
-from durably.models._base import ModelErrorVerdict
+from durably.messages import ModelRequest, ModelResponse
+from durably.models._base import ErrorClassifier, ModelErrorVerdict
 
 __all__ = [
     "PERMANENT",
     "RETRYABLE",
+    "ProviderModel",
+    "given",
     "http_verdict",
     "import_sdk",
     "retry_after",
@@ -35,6 +47,149 @@ RETRYABLE = ModelErrorVerdict(retryable=True)
 PERMANENT = ModelErrorVerdict(retryable=False)
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+class _SDKClient(Protocol):
+    """What the base needs of an SDK's async client (`AsyncOpenAI`, `AsyncAnthropic`)."""
+
+    @property
+    def base_url(self) -> object: ...
+
+    def with_options(self, *, max_retries: int) -> Self: ...
+
+
+_ClientT = TypeVar("_ClientT", bound=_SDKClient)
+
+
+class ProviderModel(ABC, Generic[_ClientT]):
+    """A model behind a provider's official SDK: its client, server and identity.
+
+    A subclass names its provider in the class attributes, calls this
+    `__init__` first (it imports the SDK, so a missing extra is reported
+    before anything else), then checks its own settings and stores them in
+    `_settings` with `given(...)`, in the order its requests send them. It
+    implements `request` with `_client()`, and `default_classify_error` for
+    its SDK's exceptions.
+    """
+
+    _provider: ClassVar[str]
+    """The SDK package, the extra that installs it, and `identity["provider"]`."""
+    _client_class: ClassVar[str]
+    """The SDK's async client class, e.g. `AsyncOpenAI`."""
+    _base_url_env: ClassVar[str]
+    """The variable naming the server when no `base_url` is given."""
+    _example_model: ClassVar[str]
+    """The model name suggested when none is given."""
+
+    _settings: dict[str, Any]
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float | None,
+        client: _ClientT | None,
+        extra_body: Mapping[str, Any] | None,
+        classify_error: ErrorClassifier | None,
+    ) -> None:
+        name = type(self).__name__
+        sdk = import_sdk(self._provider, extra=self._provider, user=name)
+        client_class = getattr(sdk, self._client_class)
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"{name} needs a model name, e.g. {self._example_model!r}")
+        if client is not None and not isinstance(client, client_class):
+            raise TypeError(
+                f"client must be an {self._provider}.{self._client_class}, "
+                f"got {type(client).__name__}"
+            )
+        if client is not None and (base_url or api_key or timeout is not None):
+            raise ValueError(
+                "pass base_url, api_key and timeout either to your client or to "
+                f"{name}, not to both"
+            )
+        if classify_error is not None and not callable(classify_error):
+            raise TypeError("classify_error must be a callable taking the raised exception")
+        self._model = model
+        self._api_key = api_key
+        self._timeout = timeout
+        self._new_client: Callable[..., _ClientT] = client_class
+        # A copy with retries off: Temporal owns retries.
+        self._given_client: _ClientT | None = (
+            client.with_options(max_retries=0) if client is not None else None
+        )
+        if client is not None:
+            self._base_url: str | None = str(client.base_url)
+        else:
+            self._base_url = base_url or os.environ.get(self._base_url_env) or None
+        self._extra_body = dict(extra_body) if extra_body else None
+        self._classify = classify_error
+        self._clients: tuple[asyncio.AbstractEventLoop, _ClientT] | None = None
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def identity(self) -> Mapping[str, Any]:
+        """Provider, model, server and every setting given; never the key.
+
+        Settings left unset are left out, so a later release that learns a
+        new setting does not change existing fingerprints.
+        """
+        identity: dict[str, Any] = {"provider": self._provider, "model": self._model}
+        if self._base_url:
+            identity["base_url"] = self._base_url.rstrip("/")
+        identity.update(self._settings)
+        if self._extra_body is not None:
+            identity["extra_body"] = self._extra_body
+        return identity
+
+    def __repr__(self) -> str:
+        where = f", base_url={self._base_url!r}" if self._base_url else ""
+        return f"{type(self).__name__}({self._model!r}{where})"
+
+    @abstractmethod
+    async def request(self, request: ModelRequest) -> ModelResponse: ...
+
+    def classify_error(self, error: BaseException) -> ModelErrorVerdict:
+        """Whether Temporal should retry after `error`, and when.
+
+        The `classify_error=` given to the constructor decides if there is
+        one; otherwise `default_classify_error`.
+        """
+        if self._classify is not None:
+            return self._classify(error)
+        return self.default_classify_error(error)
+
+    @staticmethod
+    @abstractmethod
+    def default_classify_error(error: BaseException) -> ModelErrorVerdict:
+        """The built-in verdict on an error from the provider's SDK, or any other."""
+
+    def _client(self) -> _ClientT:
+        if self._given_client is not None:
+            return self._given_client
+        # One client per event loop: its pooled connections belong to the loop.
+        loop = asyncio.get_running_loop()
+        if self._clients is None or self._clients[0] is not loop:
+            options: dict[str, Any] = {}
+            if self._timeout is not None:
+                options["timeout"] = self._timeout
+            client = self._new_client(
+                api_key=self._api_key,
+                base_url=self._base_url,
+                max_retries=0,
+                **options,
+            )
+            self._clients = (loop, client)
+        return self._clients[1]
+
+
+def given(**settings: Any) -> dict[str, Any]:
+    """The settings that are not None, in the order given."""
+    return {k: v for k, v in settings.items() if v is not None}
 
 
 def import_sdk(module: str, *, extra: str, user: str) -> ModuleType:
