@@ -267,9 +267,9 @@ async def _accepts(host: str, port: int) -> bool:
 
 
 def _open_log(path: Path) -> int:
-    """A fresh log file for the server's output, as a file descriptor."""
+    """The server's log file, appended to, so a restart keeps what came before."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

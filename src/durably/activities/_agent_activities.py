@@ -64,6 +64,7 @@ class ErrorType:
     POST_PROCESSING = "DurablyPostProcessingError"
     TOOL_CRASHED = "DurablyToolCrashed"
     TRANSCRIPT_MISMATCH = "DurablyTranscriptMismatch"
+    STALE_ATTEMPT = "DurablyStaleAttempt"
 
 
 def _heartbeat_interval(timeout: timedelta | None) -> float:
@@ -132,11 +133,13 @@ class AgentActivities:
         registration = self._registration(call.agent_id, call.version, call.fingerprint)
         agent = registration.agent
         run_id = _run_id()
-        messages = await self._rebuild(run_id, call)
-        request = ModelRequest(
-            instructions=agent.instructions, messages=tuple(messages), tools=agent.tool_specs
-        )
+        # Heartbeat from the start: rebuilding the transcript may query the
+        # workflow, which waits out a dead worker's sticky queue first.
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
+            messages = await self._rebuild(run_id, call)
+            request = ModelRequest(
+                instructions=agent.instructions, messages=tuple(messages), tools=agent.tool_specs
+            )
             try:
                 response = await agent.model.request(request)
             except asyncio.CancelledError:
@@ -184,6 +187,16 @@ class AgentActivities:
         if messages is None or _digest(messages) != call.digest:
             messages = await _fetch_transcript(run_id)
         if _digest(messages) != call.digest:
+            expected = call.base_length + len(call.new)
+            if len(messages) > expected and _digest(messages[:expected]) == call.digest:
+                # The run moved on while this attempt waited: Temporal already
+                # discards its result, so say so rather than retry.
+                raise ApplicationError(
+                    f"this attempt of {call.key} of run {run_id!r} is stale: the run has "
+                    "moved on since it was scheduled",
+                    type=ErrorType.STALE_ATTEMPT,
+                    non_retryable=True,
+                )
             raise ApplicationError(
                 f"the transcript of run {run_id!r} does not match the digest the workflow "
                 "sent; this is a bug in durably, please report it",
