@@ -1,0 +1,962 @@
+"""Chaos soak: runs against SIGKILLed workers and a restarted server, checked by journals.
+
+What it does:
+
+- starts its own Temporal dev server (`durably.dev.DevServer`, SQLite file in
+  a temp dir, free ports), its own deduplicating ticket service (HTTP), and N
+  `durably worker` processes hosting `chaos_agents:registrations`;
+- starts `--runs` runs of four scripted agents mixing safe, idempotent and
+  manual tools and a manual tool that needs approval (at most `--in-flight`
+  unfinished at once);
+- a killer SIGKILLs a worker every 3-8 s (1.5-3 s with `--small`), every
+  other time one that is inside a manual call if there is one, and starts a
+  new one; a supervisor restarts any worker that exits by itself (and
+  reports it); once about a third of the runs completed, the dev server is
+  stopped and started again on the same database and port (the workers are
+  left running: the report says whether they kept running);
+- an operator answers approvals through the `respond_signal` signal (about
+  one in seven is denied), and reconciles runs that are `needs_attention`
+  with reason `tool_interrupted` against the journal: an `effect` line ->
+  `resolve_tool` with the journaled result; no effect, and the process that
+  ran the call (the worker identity in the run's history) is dead or wrote
+  `aborted` -> `{"type": "rerun"}`; anything else -> leave it blocked and
+  look again later. A run that fails is retried, and counted as a violation:
+  killed workers must never fail a run.
+
+Afterwards it checks, against the tools' journals, the ticket service and the
+runs' histories and outputs: no run lost, no duplicate effect of the
+idempotent tool, no manual call executed twice (beyond the reruns the
+operator asked for after proving no effect), every interrupted manual call
+was resolved while its run was `needs_attention`, no denied call ran, every
+output agrees with the journal, and every run completed. It prints the
+counts and exits 1 on any violation.
+
+Run: ``python benchmarks/chaos.py [--runs 300] [--workers 3] [--small] [--keep]``
+(``--small``: 40 runs, at most 20 in flight, for CI; ``--no-model-retry``
+registers the agents without `model_retry`, durably's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+from temporalio.service import RPCError, RPCStatusCode
+
+from durably import DurableClient, RunHandle, RunStatus
+from durably.contract import RespondRequest, RunResult
+from durably.dev import DevServer
+from durably.errors import DurableConflictError, DurablyError
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import chaos_agents  # noqa: E402
+
+TASK_QUEUE = "chaos"
+OPERATOR = "chaos-operator"
+RPC_ERRORS = (RPCError, DurablyError, RuntimeError, TimeoutError, OSError)
+
+
+@dataclass(frozen=True)
+class Size:
+    runs: int
+    workers: int
+    in_flight: int
+    kill_every: tuple[float, float]
+    restart_after: float  # fraction of runs completed before the server restart
+    deadline_s: float  # for all runs to complete
+
+
+def size_from(args: argparse.Namespace) -> Size:
+    if args.small:
+        runs = args.runs or 40
+        return Size(runs, args.workers, args.in_flight or 20, (1.5, 3.0), 0.3, 150.0)
+    runs = args.runs or 300
+    deadline = max(300.0, runs * 2.0)
+    return Size(runs, args.workers, args.in_flight or 60, (3.0, 8.0), 0.3, deadline)
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+# -- the deduplicating ticket service ----------------------------------------------------
+
+
+class TicketService:
+    """Opens at most one ticket per operation_id; remembers every request.
+
+    `natural` (run id + ticket title) names the logical call, so a ticket
+    opened twice for one call under different operation_ids shows up too.
+    """
+
+    def __init__(self) -> None:
+        self.tickets: dict[str, str] = {}
+        self.requests: Counter[str] = Counter()
+        self.natural: defaultdict[str, set[str]] = defaultdict(set)
+        self.lock = threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with service.lock:
+                    service.requests[body["key"]] += 1
+                    service.natural[body["natural"]].add(body["key"])
+                    ticket = service.tickets.setdefault(
+                        body["key"], f"T-{len(service.tickets) + 1}"
+                    )
+                payload = json.dumps({"ticket_id": ticket}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# -- the journal -----------------------------------------------------------------------
+
+
+class Journal:
+    """The workers' journal files, read incrementally (complete lines only)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.offsets: dict[Path, int] = {}
+        self.entries: list[dict[str, Any]] = []
+        self.by_op: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    def refresh(self) -> None:
+        for path in sorted(self.directory.glob("*.jsonl")):
+            with path.open("rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self.offsets[path] = self.offsets.get(path, 0) + end
+            for line in data[:end].splitlines():
+                entry = json.loads(line)
+                self.entries.append(entry)
+                self.by_op[entry["op"]].append(entry)
+
+    def of(self, op: str, event: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.by_op.get(op, []) if event is None or e["ev"] == event]
+
+
+# -- worker processes ------------------------------------------------------------------
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn: SIGKILL the worker if this driver dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+@dataclass
+class Slot:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    started: int = 0
+    log: Path | None = None
+
+    def connected(self) -> bool:
+        """Whether the current worker connected (durably logs `worker started` then)."""
+        return self.log is not None and b"worker started" in self.log.read_bytes()
+
+
+class Workers:
+    """N `durably worker` processes, each in its own process group."""
+
+    def __init__(self, n: int, target: str, tmp: Path, env: dict[str, str]) -> None:
+        self.slots = [Slot(i) for i in range(n)]
+        self.target = target
+        self.logs = tmp / "workers"
+        self.logs.mkdir()
+        self.env = env
+        self.dead: set[int] = set()  # pids of worker processes known to be gone
+        # Exits we did not cause: (pid, exit code, whether it had connected).
+        self.exits: list[tuple[int, int | None, bool]] = []
+
+    def start(self, slot: Slot) -> None:
+        slot.started += 1
+        slot.log = self.logs / f"w{slot.index}-{slot.started}.log"
+        out = slot.log.open("wb")
+        try:
+            slot.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "durably",
+                    "worker",
+                    "--agents",
+                    "chaos_agents:registrations",
+                    "--target",
+                    self.target,
+                    "--task-queue",
+                    TASK_QUEUE,
+                ],
+                cwd=HERE,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+        finally:
+            out.close()
+
+    def start_all(self) -> None:
+        for slot in self.slots:
+            self.start(slot)
+
+    def alive(self) -> list[Slot]:
+        return [s for s in self.slots if s.proc is not None and s.proc.poll() is None]
+
+    def kill(self, slot: Slot) -> int:
+        assert slot.proc is not None
+        pid = slot.proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        slot.proc.wait(10)
+        self.dead.add(pid)
+        slot.proc = None
+        return pid
+
+    def reap_exited(self) -> list[Slot]:
+        """Slots whose worker exited without being killed (recorded in `exits`)."""
+        gone = []
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is not None:
+                self.dead.add(slot.proc.pid)
+                self.exits.append((slot.proc.pid, slot.proc.returncode, slot.connected()))
+                slot.proc = None
+                gone.append(slot)
+        return gone
+
+    def stop_all(self) -> None:
+        """SIGINT (durably drains), then SIGKILL whatever is left."""
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 20
+        for slot in self.slots:
+            if slot.proc is None:
+                continue
+            try:
+                slot.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(slot.proc.pid, signal.SIGKILL)
+                slot.proc.wait(10)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(slot.proc.pid, signal.SIGKILL)  # anything the worker left behind
+            slot.proc = None
+
+
+# -- the soak ---------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    kills: int = 0
+    kills_mid_manual: int = 0
+    server_restarts: int = 0
+    server_restart_at: float | None = None
+    server_downtime_s: float = 0.0
+    workers_alive_after_restart: str = "-"
+    restart_phase: str = "-"
+    signals_sent: int = 0
+    approved: dict[str, bool] = field(default_factory=dict)  # op -> approved
+    attention: dict[tuple[str, str], float] = field(default_factory=dict)  # (run, key) -> t
+    other_attention: dict[str, str] = field(default_factory=dict)  # run -> reason
+    resolved_json: int = 0
+    resolved_rerun: int = 0
+    failed_retried: Counter[str] = field(default_factory=Counter)  # run -> times
+    failed_errors: list[str] = field(default_factory=list)
+    unresolved_waits: int = 0  # checks that could not prove anything yet
+    killed_at: dict[int, float] = field(default_factory=dict)  # pid -> soak time of the kill
+
+
+class Soak:
+    def __init__(self, size: Size, tmp: Path) -> None:
+        self.size = size
+        self.tmp = tmp
+        self.journal_dir = tmp / "journal"
+        self.journal_dir.mkdir()
+        self.journal = Journal(self.journal_dir)
+        self.tickets = TicketService()
+        ports = free_ports(2)
+        self.server = DevServer(
+            db=tmp / "temporal.db", port=ports[0], ui_port=ports[1], log_path=tmp / "server.log"
+        )
+        env = {
+            **os.environ,
+            "CHAOS_JOURNAL_DIR": str(self.journal_dir),
+            "CHAOS_DEDUP_URL": self.tickets.url,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
+            ),
+        }
+        self.workers = Workers(size.workers, self.server.address, tmp, env)
+        self.client: DurableClient | None = None
+        self.run_ids: list[str] = []
+        self.completed: set[str] = set()
+        self.tally = Tally()
+        self.chaos = asyncio.Lock()  # held by the server restart: no kills meanwhile
+        self.soak_over = asyncio.Event()
+        self.tick = asyncio.Event()  # set (and replaced) each time `completed` is refreshed
+        self.started_at = 0.0
+        self.rng = random.Random()
+        self.signalled: dict[str, float] = {}  # interaction key -> when signalled
+        self.busy: set[str] = set()  # runs the operator is handling right now
+        self.driver_errors: list[str] = []
+        self.server_down = False
+
+    @property
+    def temporal(self) -> Any:
+        assert self.client is not None
+        return self.client.temporal
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def run(self) -> int:
+        log(
+            f"{self.size.runs} runs, {self.size.workers} workers, in flight <= "
+            f"{self.size.in_flight}, kill every {self.size.kill_every[0]}-"
+            f"{self.size.kill_every[1]} s; temp dir {self.tmp}"
+        )
+        try:
+            self.client = DurableClient(await self.server.start(), task_queue=TASK_QUEUE)
+            self.workers.start_all()
+            self.started_at = time.monotonic()
+            tasks = [
+                asyncio.create_task(self.guarded(coro))
+                for coro in (
+                    self.starter(),
+                    self.watcher(),
+                    self.operator(),
+                    self.killer(),
+                    self.supervisor(),
+                    self.server_restarter(),
+                    self.progress(),
+                )
+            ]
+            try:
+                await asyncio.wait_for(self.soak_over.wait(), self.size.deadline_s)
+            except TimeoutError:
+                log(f"deadline: {self.size.deadline_s:.0f} s passed with runs unfinished")
+            soak_s = self.elapsed()
+            self.soak_over.set()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if self.tally.server_restarts == 0:
+                # Every run completed first: restart anyway, so the database is reopened.
+                await self.restart_server(phase="after the soak")
+            return await self.verify(soak_s)
+        finally:
+            self.workers.stop_all()
+            await self.server.stop()
+            self.tickets.close()
+
+    async def guarded(self, work: Awaitable[None]) -> None:
+        """Run one of the soak's tasks; a crash in the driver ends the soak as a violation."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            self.driver_errors.append(f"{type(err).__name__}: {err}")
+            log(f"driver task crashed: {type(err).__name__}: {err}")
+            self.soak_over.set()
+
+    async def retrying(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Call until it works (the server may be restarting), bounded by the deadline."""
+        while True:
+            try:
+                return await call()
+            except DurableConflictError:
+                raise
+            except RPC_ERRORS as err:
+                gone = isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND
+                if gone or self.elapsed() > self.size.deadline_s + 60:
+                    raise
+                log(f"{what}: {type(err).__name__}: {err}; trying again")
+                await asyncio.sleep(0.5)
+
+    # -- drivers ------------------------------------------------------------------------
+
+    async def starter(self) -> None:
+        for i in range(self.size.runs):
+            while len(self.run_ids) - len(self.completed) >= self.size.in_flight:
+                await self.tick.wait()
+            agent_id = chaos_agents.AGENT_IDS[i % len(chaos_agents.AGENT_IDS)]
+            run_id = f"chaos-{i:04d}-{agent_id}"
+
+            async def start(agent_id: str = agent_id, run_id: str = run_id) -> None:
+                assert self.client is not None
+                # A conflict: an earlier try started it, and its answer was lost.
+                with contextlib.suppress(DurableConflictError):
+                    await self.client.start_run(agent_id, f"chaos run {run_id}", run_id=run_id)
+
+            await self.retrying(f"start {run_id}", start)
+            self.run_ids.append(run_id)
+
+    async def watcher(self) -> None:
+        """Notice completed runs (visibility), and end the soak when all are."""
+        while True:
+            try:
+                assert self.client is not None
+                done = await self.client.list_runs(status=RunStatus.COMPLETED, limit=None)
+                self.completed = {r.run_id for r in done} & set(self.run_ids)
+            except RPC_ERRORS:
+                pass
+            self.tick.set()
+            self.tick = asyncio.Event()
+            if len(self.run_ids) == self.size.runs and len(self.completed) == self.size.runs:
+                self.soak_over.set()
+                return
+            await asyncio.sleep(0.5)
+
+    async def progress(self) -> None:
+        while True:
+            await asyncio.sleep(5)
+            t = self.tally
+            log(
+                f"t={self.elapsed():.0f}s started={len(self.run_ids)} "
+                f"completed={len(self.completed)} kills={t.kills} "
+                f"restarts={t.server_restarts} attention={len(t.attention)} "
+                f"approvals={len(t.approved)} failed_retries={sum(t.failed_retried.values())}"
+            )
+
+    async def killer(self) -> None:
+        while True:
+            await asyncio.sleep(self.rng.uniform(*self.size.kill_every))
+            async with self.chaos:
+                alive = self.workers.alive()
+                if not alive:
+                    continue
+                # Every other kill aims at a worker inside a manual call, when there is one.
+                mid_manual = self.mid_manual_call(alive)
+                aimed = bool(mid_manual) and self.rng.random() < 0.5
+                slot = self.rng.choice(mid_manual if aimed else alive)
+                pid = await asyncio.to_thread(self.workers.kill, slot)
+                self.tally.kills += 1
+                self.tally.kills_mid_manual += slot in mid_manual
+                self.tally.killed_at[pid] = self.elapsed()
+                what = "inside a manual call" if slot in mid_manual else "at random"
+                log(f"killed worker {slot.index} (pid {pid}) {what}; kill {self.tally.kills}")
+                self.workers.start(slot)
+
+    def mid_manual_call(self, alive: list[Slot]) -> list[Slot]:
+        """Workers whose journal shows a manual call started and not finished."""
+        self.journal.refresh()
+        open_calls: set[tuple[int, str]] = set()
+        for entry in self.journal.entries[-2000:]:
+            if entry["tool"] not in chaos_agents.MANUAL_TOOLS:
+                continue
+            key = (entry["pid"], entry["op"])
+            if entry["ev"] == "start":
+                open_calls.add(key)
+            elif entry["ev"] in ("done", "aborted"):
+                open_calls.discard(key)
+        pids = {pid for pid, _ in open_calls}
+        return [s for s in alive if s.proc is not None and s.proc.pid in pids]
+
+    async def supervisor(self) -> None:
+        """Restart workers that exited by themselves, and report each exit."""
+        while True:
+            await asyncio.sleep(0.5)
+            for slot in self.workers.reap_exited():
+                pid, code, connected = self.workers.exits[-1]
+                state = "after connecting" if connected else "before connecting"
+                log(f"worker {slot.index} (pid {pid}) exited by itself {state}, code {code}")
+            if not self.server_down:  # a worker cannot connect meanwhile: it would exit 1
+                for slot in self.workers.slots:
+                    if slot.proc is None:
+                        self.workers.start(slot)
+
+    async def server_restarter(self) -> None:
+        want = max(1, int(self.size.runs * self.size.restart_after))
+        while len(self.completed) < want:
+            await self.tick.wait()
+        await self.restart_server(phase=f"mid-soak, after {len(self.completed)} completions")
+
+    async def restart_server(self, *, phase: str) -> None:
+        async with self.chaos:
+            # Let freshly started workers connect first, so "did they survive" is fair.
+            for _ in range(75):  # at most 15 s
+                if all(s.connected() for s in self.workers.alive()):
+                    break
+                await asyncio.sleep(0.2)
+            before = {s.index: s.proc.pid for s in self.workers.alive() if s.proc is not None}
+            log(f"stopping the dev server ({phase})")
+            down = time.monotonic()
+            self.tally.server_restart_at = self.elapsed()
+            self.server_down = True
+            await self.server.stop()
+            await asyncio.sleep(1.0)
+            self.client = DurableClient(await self.server.start(), task_queue=TASK_QUEUE)
+            self.server_down = False
+            self.tally.server_downtime_s = time.monotonic() - down
+            self.tally.server_restarts += 1
+            self.tally.restart_phase = phase
+            log(f"dev server back after {self.tally.server_downtime_s:.1f} s")
+            # Do the workers that lived through it keep polling, or exit?
+            await asyncio.sleep(5.0)
+            survived = [
+                i
+                for i, pid in before.items()
+                if (p := self.workers.slots[i].proc) is not None
+                and p.pid == pid
+                and p.poll() is None
+            ]
+            exited_codes = [code for pid, code, _ in self.workers.exits if pid in before.values()]
+            self.tally.workers_alive_after_restart = (
+                f"{len(survived)}/{len(before)} kept running"
+                + (f"; exited with codes {exited_codes}" if exited_codes else "")
+            )
+            log(f"workers through the server restart: {self.tally.workers_alive_after_restart}")
+
+    # -- the operator -------------------------------------------------------------------
+
+    async def operator(self) -> None:
+        """Look at every parked run about three times a second, each in its own task."""
+        gate = asyncio.Semaphore(8)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def attend(run_id: str) -> None:
+            try:
+                async with gate:
+                    await asyncio.wait_for(self.attend(run_id), 30)
+            except (*RPC_ERRORS, DurableConflictError) as err:
+                log(f"operator on {run_id}: {type(err).__name__}: {err}")
+            finally:
+                self.busy.discard(run_id)
+
+        try:
+            await self.operate(tasks, attend)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def operate(
+        self, tasks: set[asyncio.Task[None]], attend: Callable[[str], Coroutine[Any, Any, None]]
+    ) -> None:
+        while True:
+            try:
+                assert self.client is not None
+                runs = await self.client.list_runs(
+                    status=[RunStatus.WAITING, RunStatus.NEEDS_ATTENTION, RunStatus.FAILED],
+                    limit=None,
+                )
+            except RPC_ERRORS:
+                await asyncio.sleep(0.5)
+                continue
+            for run_id in {r.run_id for r in runs} - self.busy:
+                self.busy.add(run_id)
+                task = asyncio.create_task(attend(run_id))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.sleep(0.3)
+
+    async def attend(self, run_id: str) -> None:
+        run = RunHandle(self.temporal, run_id)
+        snap = await run.snapshot()
+        if snap.status == RunStatus.WAITING and snap.outcome:
+            await self.answer(run_id, snap.outcome["interaction"])
+        elif snap.status == RunStatus.NEEDS_ATTENTION:
+            reason = snap.attention.reason if snap.attention else "unknown"
+            if reason != "tool_interrupted" or snap.blocked_operation is None:
+                self.tally.other_attention[run_id] = reason
+                await run.retry()
+                return
+            key = snap.blocked_operation
+            self.tally.attention.setdefault((run_id, key), self.elapsed())
+            await self.reconcile(run_id, key)
+        elif snap.status == RunStatus.FAILED:
+            self.tally.failed_retried[run_id] += 1
+            self.tally.failed_errors.append(f"{run_id}: {snap.error}")
+            log(f"run {run_id} failed ({snap.error}); retrying it")
+            await run.retry()
+
+    async def answer(self, run_id: str, interaction: dict[str, Any]) -> None:
+        key = f"{run_id}/{interaction['id']}"
+        sent = self.signalled.get(key)
+        if sent is not None and time.monotonic() - sent < 10:
+            return  # signalled already; the run has not caught up yet
+        op = f"{run_id}/{interaction['operation']}"
+        approved = int(hashlib.sha256(op.encode()).hexdigest()[:8], 16) % 7 != 0
+        response: dict[str, Any] = {"type": "tool-approval", "approved": approved}
+        if approved:
+            response["args_digest"] = interaction["args_digest"]
+        else:
+            response["reason"] = "chaos operator says no"
+        await self.temporal.get_workflow_handle(run_id).signal(
+            "respond_signal",
+            RespondRequest(interaction_id=interaction["id"], response=response, responder=OPERATOR),
+        )
+        self.signalled[key] = time.monotonic()
+        self.tally.signals_sent += 1
+        self.tally.approved[op] = approved
+
+    async def reconcile(self, run_id: str, key: str) -> None:
+        """Resolve an interrupted manual call from the journal, or leave it blocked."""
+        assert self.client is not None
+        op = f"{run_id}/{key}"
+        # Who ran the interrupted attempt: the worker identity in the run's history.
+        pid = await self.last_attempt_pid(run_id, key)
+        dead = pid is not None and pid in self.workers.dead
+        # Read the journal only now: a dead process writes nothing more.
+        self.journal.refresh()
+        effects = self.journal.of(op, "effect")
+        run = RunHandle(self.temporal, run_id)
+        if effects:
+            await run.resolve_tool(key, {"type": "json", "value": effects[-1]["result"]})
+            self.tally.resolved_json += 1
+            log(f"resolved {op}: the journal shows its effect -> json {effects[-1]['result']}")
+            return
+        starts = [e for e in self.journal.of(op, "start") if e["pid"] == pid]
+        aborted = [
+            e
+            for e in self.journal.of(op, "aborted")
+            if e["pid"] == pid and starts and e["t"] >= starts[-1]["t"]
+        ]
+        if dead or aborted:
+            await run.resolve_tool(key, {"type": "rerun"})
+            self.tally.resolved_rerun += 1
+            why = f"pid {pid} is dead" if dead else f"pid {pid} aborted before the effect"
+            log(f"resolved {op}: no effect and {why} -> rerun")
+            return
+        self.tally.unresolved_waits += 1  # the attempt may still be running: look later
+
+    async def last_attempt_pid(self, run_id: str, key: str) -> int | None:
+        history = await self.temporal.get_workflow_handle(run_id).fetch_history()
+        scheduled: dict[int, str] = {}
+        pid: int | None = None
+        for event in history.events:
+            if event.HasField("activity_task_scheduled_event_attributes"):
+                scheduled[event.event_id] = (
+                    event.activity_task_scheduled_event_attributes.activity_id
+                )
+            elif event.HasField("activity_task_started_event_attributes"):
+                started = event.activity_task_started_event_attributes
+                if scheduled.get(started.scheduled_event_id) == key:
+                    with contextlib.suppress(ValueError):
+                        pid = int(started.identity.split("@", 1)[0])
+        return pid
+
+    # -- the checks -----------------------------------------------------------------------
+
+    async def verify(self, soak_s: float) -> int:
+        self.journal.refresh()
+        gate = asyncio.Semaphore(16)
+        outputs: dict[str, dict[str, Any]] = {}
+        statuses: dict[str, str] = {}
+        resolutions: defaultdict[str, list[str]] = defaultdict(list)  # op -> types
+
+        async def inspect(run_id: str) -> None:
+            async with gate:
+                handle = self.temporal.get_workflow_handle(run_id, result_type=RunResult)
+                try:
+                    desc = await self.retrying(f"describe {run_id}", handle.describe)
+                except RPCError as err:
+                    statuses[run_id] = f"not found ({err})"
+                    return
+                if desc.status != WorkflowExecutionStatus.COMPLETED:
+                    statuses[run_id] = desc.status.name if desc.status else "unknown"
+                    with contextlib.suppress(*RPC_ERRORS):
+                        snap = await RunHandle(self.temporal, run_id).snapshot()
+                        statuses[run_id] += (
+                            f" / {snap.status.value} blocked={snap.blocked_operation} "
+                            f"attention={snap.attention} error={snap.error}"
+                        )
+                    return
+                statuses[run_id] = "completed"
+                result: RunResult = await self.retrying(f"result {run_id}", handle.result)
+                outputs[run_id] = json.loads(result.output or "{}")
+                history = await self.retrying(f"history {run_id}", handle.fetch_history)
+                for event in history.events:
+                    if not event.HasField("workflow_execution_update_accepted_event_attributes"):
+                        continue
+                    request = event.workflow_execution_update_accepted_event_attributes
+                    update = request.accepted_request.input
+                    if update.name != "resolve_tool":
+                        continue
+                    body = json.loads(update.args.payloads[0].data)
+                    resolutions[f"{run_id}/{body['operation']}"].append(body["resolution"]["type"])
+
+        await asyncio.gather(*(inspect(r) for r in self.run_ids))
+        return self.report(soak_s, outputs, statuses, resolutions)
+
+    def report(
+        self,
+        soak_s: float,
+        outputs: dict[str, dict[str, Any]],
+        statuses: dict[str, str],
+        resolutions: dict[str, list[str]],
+    ) -> int:
+        t = self.tally
+        problems: list[str] = []
+        manual = chaos_agents.MANUAL_TOOLS
+        ops: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+        for entry in self.journal.entries:
+            ops[entry["op"]].append(entry)
+        tool_of = {op: entries[0]["tool"] for op, entries in ops.items()}
+
+        # Runs.
+        lost = [r for r in self.run_ids if statuses.get(r) != "completed"]
+        for r in lost:
+            problems.append(f"run {r} did not complete: {statuses.get(r)}")
+
+        # Idempotent tool: one ticket per operation_id and per logical call.
+        dup_idempotent = 0
+        for op, entries in ops.items():
+            if tool_of[op] != "create_ticket":
+                continue
+            tickets = {json.dumps(e["result"]) for e in entries if e["ev"] == "effect"}
+            if len(tickets) > 1:
+                dup_idempotent += 1
+                problems.append(f"{op}: several tickets {sorted(tickets)}")
+        for natural, keys in self.tickets.natural.items():
+            if len(keys) > 1:
+                dup_idempotent += 1
+                problems.append(f"ticket {natural!r} opened under {sorted(keys)}")
+        idem_reexecuted = sum(1 for n in self.tickets.requests.values() if n > 1)
+
+        # Manual tools: executions, effects, reruns, interruptions.
+        manual_twice = 0
+        manual_dup_effects = 0
+        reruns_total = 0
+        interrupted = 0
+        interrupted_not_attention = 0
+        manual_ops = [op for op in ops if tool_of[op] in manual]
+        for op in manual_ops:
+            entries = ops[op]
+            starts = [e for e in entries if e["ev"] == "start"]
+            effects = [e for e in entries if e["ev"] == "effect"]
+            done = [e for e in entries if e["ev"] == "done"]
+            kinds = resolutions.get(op, [])
+            reruns = kinds.count("rerun")
+            reruns_total += reruns
+            if len(starts) > 1 + reruns:
+                manual_twice += 1
+                problems.append(f"{op}: {len(starts)} executions, {reruns} rerun(s) requested")
+            if len(effects) > 1:
+                manual_dup_effects += 1
+                problems.append(f"{op}: {len(effects)} effects")
+            broken = len(starts) - len(done)  # started and never returned its result
+            interrupted += broken
+            if broken > len(kinds):
+                interrupted_not_attention += broken - len(kinds)
+                problems.append(
+                    f"{op}: {broken} interrupted execution(s), but only {len(kinds)} "
+                    "resolve_tool while needs_attention"
+                )
+        attention_manual = len(t.attention)
+        # How long after killing the worker that ran a manual call the operator saw the
+        # run needs_attention (heartbeat timeout + workflow task + the operator's polling).
+        noticed: list[float] = []
+        for (run_id, key), seen in t.attention.items():
+            starts = [e for e in ops.get(f"{run_id}/{key}", []) if e["ev"] == "start"]
+            killed = [t.killed_at[e["pid"]] for e in starts if e["pid"] in t.killed_at]
+            earlier = [k for k in killed if k <= seen]
+            if earlier:
+                noticed.append(seen - max(earlier))
+        noticed.sort()
+        detection = (
+            f"median {noticed[len(noticed) // 2]:.1f} s, max {noticed[-1]:.1f} s "
+            f"over {len(noticed)} (heartbeat timeout {chaos_agents.HEARTBEAT.total_seconds():g} s)"
+            if noticed
+            else "-"
+        )
+
+        # Denied approvals never ran; outputs agree with the journal and the service.
+        denied = [op for op, ok in t.approved.items() if not ok]
+        denied_ran = [op for op in denied if any(e["ev"] == "start" for e in ops.get(op, []))]
+        for op in denied_ran:
+            problems.append(f"{op}: denied, yet it ran")
+        disagree = checked = 0
+        for run_id, answer in outputs.items():
+            for key, result in answer.items():
+                checked += 1
+                op = f"{run_id}/{key}"
+                effects = [e for e in ops.get(op, []) if e["ev"] == "effect"]
+                tool = tool_of.get(op)
+                if result["error"]:
+                    ok = op in denied and result["content"].startswith("denied:")
+                elif tool == "create_ticket":
+                    ok = json.loads(result["content"]) == {"ticket_id": self.tickets.tickets[op]}
+                elif tool in manual:
+                    ok = bool(effects) and json.loads(result["content"]) == effects[-1]["result"]
+                else:
+                    ok = tool == "lookup_account"
+                if not ok:
+                    disagree += 1
+                    problems.append(f"{op}: output {result} disagrees with the journal")
+
+        for error in self.driver_errors:
+            problems.append(f"the soak's driver crashed: {error}")
+        # Crashes must never need an operator beyond reconciling manual calls.
+        for run_id, times in t.failed_retried.items():
+            problems.append(f"run {run_id} failed {times} time(s) and needed retry()")
+        completed = len(self.run_ids) - len(lost)
+        kills_ok = t.kills >= 2
+        lines = [
+            ("runs started", len(self.run_ids)),
+            ("runs completed", completed),
+            ("runs lost", len(lost)),
+            ("duplicate idempotent effects", dup_idempotent),
+            ("idempotent calls executed again (same operation_id, one ticket)", idem_reexecuted),
+            ("manual calls executed twice", manual_twice),
+            ("manual duplicate effects", manual_dup_effects),
+            ("manual reruns after proving no effect", reruns_total),
+            ("manual calls interrupted", interrupted),
+            ("interrupted manual calls not needs_attention", interrupted_not_attention),
+            ("manual operations seen needs_attention (tool_interrupted)", attention_manual),
+            ("resolved with the journaled result", t.resolved_json),
+            ("resolved rerun", t.resolved_rerun),
+            ("other needs_attention", len(t.other_attention)),
+            ("approvals answered by signal", len(t.approved)),
+            ("approvals denied", len(denied)),
+            ("denied calls executed", len(denied_ran)),
+            ("tool results in outputs checked against the journal", checked),
+            ("outputs disagreeing with the journal", disagree),
+            ("failed runs retried", sum(t.failed_retried.values())),
+            ("kills", t.kills),
+            ("  of which inside a manual call", t.kills_mid_manual),
+            ("worker exits not caused by a kill", len(self.workers.exits)),
+            (
+                "  of which before connecting",
+                sum(1 for _, _, connected in self.workers.exits if not connected),
+            ),
+            ("server restarts", t.server_restarts),
+        ]
+        violations = len(problems)
+        print(f"chaos soak: {self.size.runs} runs, {self.size.workers} workers")
+        for name, value in lines:
+            print(f"{name}: {value}")
+        print(
+            f"server restart: at {t.server_restart_at or 0:.1f} s ({t.restart_phase}), down "
+            f"{t.server_downtime_s:.1f} s; workers: {t.workers_alive_after_restart}"
+        )
+        print(f"needs_attention noticed after the kill: {detection}")
+        print(f"operator looks that could not prove an outcome yet: {t.unresolved_waits}")
+        print(f"soak time: {soak_s:.1f} s")
+        print(f"violations: {violations}")
+        for problem in problems[:50]:
+            print(f"  VIOLATION {problem}")
+        for error in t.failed_errors[:10]:
+            print(f"  failed (retried): {error}")
+        for run_id, reason in list(t.other_attention.items())[:10]:
+            print(f"  needs_attention {reason}: {run_id}")
+        if not kills_ok or t.server_restarts != 1:
+            print("  note: fewer than 2 kills or no server restart; the soak was too short")
+        return 1 if violations else 0
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=None, help="runs to start (300; --small 36)")
+    parser.add_argument("--workers", type=int, default=3, help="worker processes (3)")
+    parser.add_argument("--in-flight", type=int, default=None, help="unfinished runs at once")
+    parser.add_argument("--small", action="store_true", help="the CI size (under 3 minutes)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, journal)")
+    parser.add_argument("--seed", type=int, default=None, help="seed the killer's choices")
+    parser.add_argument(
+        "--no-model-retry",
+        action="store_true",
+        help="register the agents without model_retry (durably's default: 3 attempts)",
+    )
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    size = size_from(args)
+    if args.no_model_retry:
+        os.environ["CHAOS_NO_MODEL_RETRY"] = "1"  # read by the workers' chaos_agents
+    # The driver's client retries through the server restart; keep its warnings off stdout.
+    quiet = TelemetryFilter(core_level="ERROR", other_level="ERROR")
+    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet))))
+    tmp = Path(tempfile.mkdtemp(prefix="durably-chaos-"))
+    soak = Soak(size, tmp)
+    if args.seed is not None:
+        soak.rng.seed(args.seed)
+    code = 2
+    try:
+        code = asyncio.run(soak.run())
+    finally:
+        if args.keep or code != 0:
+            log(f"kept {tmp} (journal/, workers/*.log, server.log, temporal.db)")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The Temporal client's native threads can crash interpreter teardown
+    # (temporalio/sdk-python#300); the verdict is already printed.
+    os._exit(code)

@@ -1,0 +1,291 @@
+"""Agents for the chaos soak (`benchmarks/chaos.py`), hosted by `durably worker` processes.
+
+Every tool journals what it does to `$CHAOS_JOURNAL_DIR/<pid>.jsonl` (one
+file per worker process; each line is written with one `write` and fsynced
+before the tool goes on), so the soak can tell, across SIGKILLs, what ran,
+how often and under which operation_id:
+
+- `start`: the tool began (operation_id, attempt, pid);
+- `effect`: the single point where the effect takes place. For the manual
+  tools the journal *is* the external system: the `effect` line is the
+  effect, written atomically with its result. So "a `start`, no `effect`,
+  and the process that started is dead (or wrote `aborted`)" proves the
+  effect did not happen, and the operator may answer `{"type": "rerun"}`;
+- `aborted`: the tool saw `abort_signal` before its effect and gave up;
+- `done`: the tool returns its result.
+
+The idempotent tool's effect is a ticket in the soak's deduplicating HTTP
+service (`$CHAOS_DEDUP_URL`), keyed by operation_id. Tools take 0.2-1.5 s
+(durably heartbeats in the background), so kills land mid-call; the heartbeat
+timeout is short so interrupted calls are noticed within seconds.
+
+Each agent follows a fixed script of tool-call turns (call ids `t{turn}-{n}`)
+and then answers with the JSON of every tool result it saw, keyed by
+checkpoint key, which the soak checks against the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import time
+import urllib.request
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    FunctionModel,
+    ModelRequest,
+    ModelRetry,
+    ToolContext,
+    ToolRetry,
+    tool,
+)
+from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
+
+HEARTBEAT = timedelta(seconds=3)
+# Model requests retry through kills. `chaos.py --no-model-retry` registers none, as
+# durably's default: then a crashed model request runs at most 3 times.
+MODEL_RETRY = ModelRetry(max_attempts=10, initial_delay_ms=200, max_delay_ms=2000)
+VERSION = "1"
+
+
+def journal(event: str, ctx: ToolContext, tool_name: str, **extra: Any) -> None:
+    """Append one line to this process's journal and make it durable first."""
+    entry = {
+        "ev": event,
+        "op": ctx.operation_id,
+        "run": ctx.run_id,
+        "tool": tool_name,
+        "attempt": ctx.attempt,
+        "pid": os.getpid(),
+        "t": time.time(),
+        **extra,
+    }
+    path = os.path.join(os.environ["CHAOS_JOURNAL_DIR"], f"{os.getpid()}.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(entry) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def busy(ctx: ToolContext, low: float, high: float) -> None:
+    """Work for a while (durably heartbeats meanwhile); returns early on abort."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ctx.abort_signal.wait(), random.uniform(low, high))
+
+
+def check_abort(ctx: ToolContext, tool_name: str) -> None:
+    """Give up before the effect if durably told the call to stop."""
+    if ctx.abort_signal.is_set():
+        journal("aborted", ctx, tool_name)
+        raise RuntimeError("aborted before the effect")
+
+
+def ref(prefix: str, operation_id: str) -> str:
+    return f"{prefix}-{hashlib.sha256(operation_id.encode()).hexdigest()[:10]}"
+
+
+# -- tools ---------------------------------------------------------------------------
+
+
+class Account(BaseModel):
+    account: str
+
+
+class Balance(BaseModel):
+    account: str
+    balance_cents: int
+
+
+class Ticket(BaseModel):
+    title: str
+
+
+class TicketId(BaseModel):
+    ticket_id: str
+
+
+class Transfer(BaseModel):
+    account: str
+    amount_cents: int
+
+
+class TransferReceipt(BaseModel):
+    transfer_id: str
+
+
+class Refund(BaseModel):
+    order: str
+    amount_cents: int
+
+
+class RefundReceipt(BaseModel):
+    refund_id: str
+
+
+@tool
+async def lookup_account(args: Account, ctx: ToolContext) -> Balance:
+    """Read an account's balance (safe: reading again is harmless)."""
+    journal("start", ctx, "lookup_account")
+    await busy(ctx, 0.2, 1.5)
+    check_abort(ctx, "lookup_account")
+    balance = int(hashlib.sha256(args.account.encode()).hexdigest()[:6], 16) % 100_000
+    journal("done", ctx, "lookup_account")
+    return Balance(account=args.account, balance_cents=balance)
+
+
+def _post_ticket(operation_id: str, natural_key: str) -> str:
+    request = urllib.request.Request(
+        os.environ["CHAOS_DEDUP_URL"] + "/tickets",
+        data=json.dumps({"key": operation_id, "natural": natural_key}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(json.loads(response.read())["ticket_id"])
+
+
+@tool
+async def create_ticket(args: Ticket, ctx: ToolContext) -> TicketId:
+    """Open a ticket in a service that deduplicates by operation_id (idempotent)."""
+    journal("start", ctx, "create_ticket")
+    await busy(ctx, 0.1, 0.7)
+    check_abort(ctx, "create_ticket")
+    ticket_id = await asyncio.to_thread(
+        _post_ticket, ctx.operation_id, f"{ctx.run_id}/{args.title}"
+    )
+    journal("effect", ctx, "create_ticket", result={"ticket_id": ticket_id})
+    await busy(ctx, 0.1, 0.7)
+    journal("done", ctx, "create_ticket")
+    return TicketId(ticket_id=ticket_id)
+
+
+async def _manual(ctx: ToolContext, tool_name: str, result: BaseModel) -> None:
+    """A call that must not repeat: its effect is the journal's `effect` line."""
+    journal("start", ctx, tool_name)
+    await busy(ctx, 0.15, 1.0)
+    check_abort(ctx, tool_name)
+    journal("effect", ctx, tool_name, result=result.model_dump(mode="json"))
+    # The window where the effect happened but its result has not committed yet.
+    await asyncio.sleep(random.uniform(0.05, 0.5))
+    journal("done", ctx, tool_name)
+
+
+@tool
+async def transfer_funds(args: Transfer, ctx: ToolContext) -> TransferReceipt:
+    """Move money (manual: never repeated without an operator)."""
+    receipt = TransferReceipt(transfer_id=ref("X", ctx.operation_id))
+    await _manual(ctx, "transfer_funds", receipt)
+    return receipt
+
+
+@tool(requires_approval=True)
+async def refund_payment(args: Refund, ctx: ToolContext) -> RefundReceipt:
+    """Refund an order (needs a person's approval; manual)."""
+    receipt = RefundReceipt(refund_id=ref("R", ctx.operation_id))
+    await _manual(ctx, "refund_payment", receipt)
+    return receipt
+
+
+TOOLS = (lookup_account, create_ticket, transfer_funds, refund_payment)
+RECOVERY: dict[str, Any] = {
+    "lookup_account": "safe",
+    "create_ticket": "idempotent",
+    "transfer_funds": "manual",
+    "refund_payment": "manual",
+}
+MANUAL_TOOLS = frozenset(n for n, p in RECOVERY.items() if p == "manual")
+
+# -- agents ----------------------------------------------------------------------------
+
+Turn = list[tuple[str, dict[str, Any]]]
+
+SCRIPTS: dict[str, list[Turn]] = {
+    "lookup-ticket": [
+        [("lookup_account", {"account": "acct-7"})],
+        [("create_ticket", {"title": "balance question"})],
+    ],
+    "transfer": [
+        [("lookup_account", {"account": "acct-3"})],
+        [("transfer_funds", {"account": "acct-3", "amount_cents": 1200})],
+    ],
+    "refund": [
+        [("refund_payment", {"order": "A-1001", "amount_cents": 1500})],
+        [("create_ticket", {"title": "refund follow-up"})],
+    ],
+    "mixed": [
+        [
+            ("lookup_account", {"account": "acct-9"}),
+            ("create_ticket", {"title": "mixed request"}),
+        ],
+        [("transfer_funds", {"account": "acct-9", "amount_cents": 300})],
+        [("refund_payment", {"order": "B-2002", "amount_cents": 700})],
+    ],
+}
+AGENT_IDS = tuple(SCRIPTS)
+
+
+def final_answer(request: ModelRequest) -> dict[str, dict[str, Any]]:
+    """Every tool result of the run, keyed by checkpoint key (`tool:{turn}:{call_id}`)."""
+    turn_of: dict[str, int] = {}
+    turn = 0
+    answer: dict[str, dict[str, Any]] = {}
+    for message in request.messages:
+        if isinstance(message, AssistantMessage):
+            turn += 1
+            for call in message.tool_calls:
+                turn_of[call.id] = turn
+        elif isinstance(message, ToolResultMessage):
+            key = f"tool:{turn_of[message.call_id]}:{message.call_id}"
+            answer[key] = {"content": message.content, "error": message.is_error}
+    return answer
+
+
+def scripted(agent_id: str) -> FunctionModel:
+    script = SCRIPTS[agent_id]
+
+    async def model(request: ModelRequest) -> AssistantMessage:
+        await asyncio.sleep(random.uniform(0.02, 0.2))
+        turn = 1 + sum(isinstance(m, AssistantMessage) for m in request.messages)
+        if turn <= len(script):
+            calls = tuple(
+                ToolCall(id=f"t{turn}-{n}", name=name, arguments=arguments)
+                for n, (name, arguments) in enumerate(script[turn - 1], start=1)
+            )
+            return AssistantMessage(tool_calls=calls)
+        return AssistantMessage(content=json.dumps(final_answer(request), sort_keys=True))
+
+    return FunctionModel(model, name=f"chaos.{agent_id}")
+
+
+def _registration(agent_id: str) -> AgentRegistration:
+    used = {name for turn in SCRIPTS[agent_id] for name, _ in turn}
+    agent = Agent(
+        id=agent_id,
+        model=scripted(agent_id),
+        instructions="Chaos soak agent: follow the script.",
+        tools=[t for t in TOOLS if t.name in used],
+        max_turns=len(SCRIPTS[agent_id]) + 1,
+    )
+    return AgentRegistration(
+        agent,
+        version=VERSION,
+        tool_recovery={name: RECOVERY[name] for name in used},
+        model_retry=None if os.environ.get("CHAOS_NO_MODEL_RETRY") else MODEL_RETRY,
+        tool_retry=ToolRetry(max_attempts=10, initial_delay_ms=200, max_delay_ms=2000),
+        heartbeat_timeout=HEARTBEAT,
+    )
+
+
+registrations = [_registration(agent_id) for agent_id in AGENT_IDS]
