@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from datetime import timedelta
 from typing import Any
 
@@ -52,6 +53,8 @@ _log = structlog.get_logger("durably")
 # How long a cancelled tool may take to notice `abort_signal` and return.
 _ABORT_GRACE = 5.0
 _TRANSCRIPT_PAGE = 500
+# Call ids become part of activity ids, which the server limits to 1,000 characters.
+_MAX_CALL_ID = 200
 
 
 class ErrorType:
@@ -297,6 +300,8 @@ def _normalise_calls(message: AssistantMessage) -> AssistantMessage:
     calls: list[ToolCall] = []
     for i, c in enumerate(message.tool_calls, start=1):
         call_id = c.id.strip() or f"call_{i}"
+        if len(call_id) > _MAX_CALL_ID:  # call ids become part of activity ids
+            call_id = f"call_{i}_{hashlib.sha256(call_id.encode()).hexdigest()[:16]}"
         while call_id in seen:
             call_id = f"{call_id}_{i}"
         seen.add(call_id)
@@ -310,7 +315,7 @@ def _call_errors(registration: AgentRegistration, calls: tuple[ToolCall, ...]) -
         tool = registration.agent.tool(c.name)
         if tool is None:
             known = ", ".join(t.name for t in registration.agent.tools) or "none"
-            errors[c.id] = f"unknown tool {c.name!r}; available tools: {known}"
+            errors[c.id] = f"unknown tool {c.name[:200]!r}; available tools: {known}"
         elif c.raw_arguments is not None:
             errors[c.id] = (
                 f"arguments for {c.name!r} are not a JSON object: {c.raw_arguments[:500]!r}"

@@ -162,7 +162,8 @@ class RunHandle:
             interaction_id=interaction_id, response=response, responder=responder
         )
         decision = json.dumps(response, sort_keys=True, separators=(",", ":"))
-        update_id = f"respond/{interaction_id}/{hashlib.sha256(decision.encode()).hexdigest()[:16]}"
+        digest = hashlib.sha256(f"{interaction_id}\n{decision}".encode()).hexdigest()[:32]
+        update_id = f"respond/{interaction_id[:200]}/{digest}"  # ids: at most 1,000 chars
         accepted: RespondAccepted = await self._update(
             "respond", request, RespondAccepted, update_id=update_id
         )

@@ -39,13 +39,38 @@ __all__ = [
     "check_response",
     "check_retry",
     "find_call",
+    "parse_request",
     "rejection",
+    "short",
 ]
 
 _RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = TypeAdapter(
     Resolution
 )
 _RESPONSE: TypeAdapter[ApprovalResponse | QuestionResponse] = TypeAdapter(Response)
+
+
+def short(value: Any, limit: int = 200) -> str:
+    """`repr(value)`, cut to `limit` characters: rejections never echo a huge input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def parse_request(model: type[Any], payload: tuple[Any, ...], what: str) -> Any:
+    """The one `model` argument of an update or signal, or an InvalidResponseError."""
+    if len(payload) != 1:
+        raise rejection(
+            "InvalidResponseError",
+            f"{what} takes one argument, a {model.__name__} object; got {len(payload)}",
+        )
+    try:
+        return model.model_validate(payload[0])
+    except ValidationError as err:
+        raise rejection(
+            "InvalidResponseError",
+            f"{what} takes a {model.__name__} object; got {short(payload[0])} "
+            f"({_first_error(err)})",
+        ) from None
 
 
 def rejection(kind: str, message: str) -> ApplicationError:
@@ -67,7 +92,7 @@ def check_resolution(
         raise rejection(
             "DurableConflictError",
             f"run {run_id!r} is blocked on {s.blocked_operation!r}, not "
-            f"{request.operation!r}; resolve the blocked operation",
+            f"{short(request.operation)}; resolve the blocked operation",
         )
     if s.attention is None or s.attention.reason != "tool_interrupted":
         reason = s.attention.reason if s.attention else "unknown"
@@ -83,7 +108,7 @@ def check_resolution(
             "InvalidResponseError",
             "a resolution is {'type': 'json', 'value': ...}, "
             "{'type': 'error', 'message': '...'} or {'type': 'rerun'}; "
-            f"got {request.resolution!r} ({_first_error(err)})",
+            f"got {short(request.resolution)} ({_first_error(err)})",
         ) from None
     if isinstance(resolution, JsonResolution) and s.pin is not None:
         call = find_call(s, s.blocked_operation)
@@ -132,8 +157,8 @@ def check_response(
         now = f"the pending one is {s.interaction.id!r}" if s.interaction else "none is pending"
         raise rejection(
             "InvalidResponseError",
-            f"run {run_id!r} has no interaction {iid!r} ({now}); read the run's snapshot for "
-            "the interaction to answer",
+            f"run {run_id!r} has no interaction {short(iid)} ({now}); read the run's snapshot "
+            "for the interaction to answer",
         )
     kind = pending.type if pending is not None else answered.type  # type: ignore[union-attr]
     example = (
@@ -147,7 +172,7 @@ def check_response(
         raise rejection(
             "InvalidResponseError",
             f"interaction {iid!r} is a {kind}; respond with {example} "
-            f"(got {request.response!r}: {_first_error(err)})",
+            f"(got {short(request.response)}: {_first_error(err)})",
         ) from None
     if response.type != kind:
         raise rejection(
@@ -158,9 +183,9 @@ def check_response(
     if isinstance(response, ApprovalResponse) and response.args_digest not in (None, digest):
         raise rejection(
             "InvalidResponseError",
-            f"args_digest {response.args_digest!r} does not match the call awaiting approval "
-            f"({digest!r}): the arguments differ from what you reviewed. Read the interaction "
-            "again and approve what it shows",
+            f"args_digest {short(response.args_digest)} does not match the call awaiting "
+            f"approval ({digest!r}): the arguments differ from what you reviewed. Read the "
+            "interaction again and approve what it shows",
         )
     accepted = RespondAccepted(
         interaction_id=iid,
@@ -207,7 +232,7 @@ def _describe(a: RespondAccepted) -> str:
 def _first_error(err: ValidationError) -> str:
     first = err.errors(include_url=False)[0]
     where = ".".join(str(p) for p in first["loc"]) or "(root)"
-    return f"{where}: {first['msg']}"
+    return f"{where[:100]}: {first['msg'][:200]}"
 
 
 def _schema_problem(schema: dict[str, Any], value: Any) -> str | None:
@@ -220,4 +245,4 @@ def _schema_problem(schema: dict[str, Any], value: Any) -> str | None:
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    return f"{where}: {error.message}"
+    return f"{where[:100]}: {error.message[:300]}"

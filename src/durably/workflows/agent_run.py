@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
@@ -101,12 +101,14 @@ with workflow.unsafe.imports_passed_through():
         check_response,
         check_retry,
         find_call,
+        parse_request,
     )
 
 __all__ = ["AgentRunWorkflow"]
 
 T = TypeVar("T")
 _EVENTS_KEPT = 50
+_DETAIL_KEPT = 1_000
 _TRANSCRIPT_PAGE = 200
 # Crashed model requests (worker died, timed out) run again even without
 # model_retry: a model request has no side effect.
@@ -232,24 +234,27 @@ class AgentRunWorkflow:
         return TranscriptPage(offset=offset, messages=messages, total=len(self._s.transcript))
 
     @workflow.update(name="respond")
-    def respond(self, request: RespondRequest) -> RespondAccepted:
+    def respond(self, *payload: Any) -> RespondAccepted:
+        request = parse_request(RespondRequest, payload, "respond")
         accepted, new = check_response(self._run_id, self._s, request)
         if new:
             self._accept_response(accepted)
         return accepted
 
     @respond.validator
-    def _validate_respond(self, request: RespondRequest) -> None:
+    def _validate_respond(self, *payload: Any) -> None:
+        request = parse_request(RespondRequest, payload, "respond")
         check_response(self._run_id, self._s, request)
 
     @workflow.signal(name="respond_signal")
-    def respond_signal(self, request: RespondRequest) -> None:
+    def respond_signal(self, *payload: Any) -> None:
         """The `respond` rules for callers that can only signal (Temporal CLI, Web UI).
 
         A signal cannot be refused, so a rejected response is recorded as a
         run event saying why, instead of raising.
         """
         try:
+            request = parse_request(RespondRequest, payload, "respond_signal")
             accepted, new = check_response(self._run_id, self._s, request)
         except ApplicationError as err:
             self._event("response_rejected", detail=f"{err.type}: {err.message}")
@@ -258,18 +263,37 @@ class AgentRunWorkflow:
             self._accept_response(accepted)
 
     @workflow.update(name="resolve_tool")
-    def resolve_tool(self, request: ResolveToolRequest) -> ResolveToolAccepted:
+    def resolve_tool(self, *payload: Any) -> ResolveToolAccepted:
+        request = parse_request(ResolveToolRequest, payload, "resolve_tool")
         resolution = check_resolution(self._run_id, self._s, request)
         self._decision = resolution
         return ResolveToolAccepted(operation=request.operation, type=resolution.type)
 
     @resolve_tool.validator
-    def _validate_resolve_tool(self, request: ResolveToolRequest) -> None:
-        check_resolution(self._run_id, self._s, request)
+    def _validate_resolve_tool(self, *payload: Any) -> None:
+        self._check_resolution(parse_request(ResolveToolRequest, payload, "resolve_tool"))
+
+    def _check_resolution(
+        self, request: ResolveToolRequest
+    ) -> JsonResolution | ErrorResolution | RerunResolution:
+        """The validator's check, plus: no decision is already on its way (updates that
+        arrive in one workflow task are validated before the run leaves needs_attention).
+        Only the validator checks this, so replaying older histories is unaffected."""
+        resolution = check_resolution(self._run_id, self._s, request)
+        if self._decision is not None:
+            decided = self._decision if isinstance(self._decision, str) else self._decision.type
+            raise ApplicationError(
+                f"run {self._run_id!r} already accepted a {decided} decision for "
+                f"{request.operation!r}; it is being applied",
+                type="DurableConflictError",
+                non_retryable=True,
+            )
+        return resolution
 
     @workflow.update(name="retry")
-    def retry(self, request: RetryRequest) -> RetryAccepted:
+    def retry(self, *payload: Any) -> RetryAccepted:
         check_retry(self._run_id, self._s)
+        parse_request(RetryRequest, payload, "retry")
         s = self._s
         accepted = RetryAccepted(
             operation=s.blocked_operation or s.failed_operation, previous_status=s.status
@@ -278,8 +302,9 @@ class AgentRunWorkflow:
         return accepted
 
     @retry.validator
-    def _validate_retry(self, request: RetryRequest) -> None:
+    def _validate_retry(self, *payload: Any) -> None:
         check_retry(self._run_id, self._s)
+        parse_request(RetryRequest, payload, "retry")
 
     def _accept_response(self, accepted: RespondAccepted) -> None:
         self._s.answered[accepted.interaction_id] = accepted
@@ -429,7 +454,7 @@ class AgentRunWorkflow:
         """
         while True:
             try:
-                return await op()
+                result = await op()
             except ActivityError as err:
                 if is_cancelled_exception(err):
                     # The run was cancelled while this activity ran; it has stopped.
@@ -440,6 +465,13 @@ class AgentRunWorkflow:
                 )
                 if isinstance(decision, JsonResolution | ErrorResolution) and resolve:
                     return resolve(decision)
+                continue
+            # An operation that completes while the run is being cancelled hands back its
+            # result and erases the cancellation (WAIT_CANCELLATION_COMPLETED).
+            cancelled = workflow.cancellation_reason() is not None
+            if cancelled and workflow.patched("durably-cancel-after-completed-operation"):
+                raise asyncio.CancelledError()
+            return result
 
     def _classify(self, key: str, err: ActivityError) -> tuple[RunStatus, Attention | None]:
         """Which status a failed operation leaves the run in."""
@@ -530,6 +562,8 @@ class AgentRunWorkflow:
     def _event(self, type: str, operation: str | None = None, detail: str | None = None) -> None:
         s = self._s
         s.event_seq += 1
+        if detail is not None and len(detail) > _DETAIL_KEPT:
+            detail = f"{detail[:_DETAIL_KEPT]}... ({len(detail)} characters)"
         s.events.append(
             RunEvent(
                 seq=s.event_seq, at=workflow.now(), type=type, operation=operation, detail=detail
@@ -604,6 +638,8 @@ def _describe(err: ActivityError) -> str:
 
 def _waiting_details(interaction: Interaction) -> str:
     args = render_result(interaction.args)
+    if len(args) > 1_000:
+        args = f"{args[:1_000]}... ({len(args)} characters; the snapshot has them all)"
     if interaction.type == "question":
         return (
             f"**Waiting for an answer** ({interaction.id}): {interaction.question}\n\n"
