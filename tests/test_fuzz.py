@@ -70,7 +70,7 @@ from durably.contract import (
 from durably.messages import AssistantMessage, ToolCall, UserMessage
 from durably.models import last_tool_results, tool_call
 
-from .conftest import Runtimes, history_length, record_history, wait_for_status
+from .conftest import Runtimes, record_history, wait_for_status
 
 # A rejection message is read by a person and travels in update outcomes and
 # run events: it says what was wrong without echoing a huge input back.
@@ -508,6 +508,10 @@ class Bench:
                     return
                 await asyncio.sleep(0.05)
 
+    async def length(self, run: RunHandle) -> int:
+        """Every event in the run's history so far, bookkeeping included."""
+        return len((await self.raw(run).fetch_history()).events)
+
     async def recorded_since(self, run: RunHandle, length: int) -> list[str]:
         """What the run recorded after its first `length` history events.
 
@@ -664,7 +668,7 @@ async def test_respond_rejects_every_invalid_response_and_changes_nothing(bench:
         run, pending = parked[target]
         if accepts_response(pending, iid, response) or too_big(iid, response, responder):
             return  # valid (accepting it is right, and would move the parked run on)
-        before_len = await history_length(bench.client, run)
+        before_len = await bench.length(run)
         before = await run.snapshot()
         with pytest.raises((InvalidResponseError, InteractionConflictError)) as caught:
             await asyncio.wait_for(run.respond(iid, response, responder=responder), 10)
@@ -720,7 +724,7 @@ async def test_raw_updates_reject_every_malformed_payload_with_a_durably_error(
         if accepts_raw(update, pending, args) or too_big(args):
             return
         run = targets[update]
-        before_len = await history_length(bench.client, run)
+        before_len = await bench.length(run)
         before = await run.snapshot()
         with pytest.raises(WorkflowUpdateFailedError) as caught:
             await asyncio.wait_for(bench.raw(run).execute_update(update, args=list(args)), 10)
@@ -819,7 +823,7 @@ async def test_resolve_tool_rejects_every_invalid_resolution_and_changes_nothing
     async def prop(operation: str, resolution: dict[str, Any]) -> None:
         if accepts_resolution(operation, resolution) or too_big(operation, resolution):
             return
-        before_len = await history_length(bench.client, run)
+        before_len = await bench.length(run)
         before = await run.snapshot()
         with pytest.raises((DurableConflictError, InvalidResponseError)) as caught:
             await asyncio.wait_for(run.resolve_tool(operation, resolution), 10)
@@ -959,7 +963,7 @@ async def test_retry_is_a_conflict_naming_the_status_on_every_run_it_does_not_ap
     async def prop(attempts: list[tuple[RunStatus, dict[str, Any] | None]]) -> None:
         for status, junk in attempts:
             run = runs[status]
-            before_len = await history_length(bench.client, run)
+            before_len = await bench.length(run)
             if junk is None:
                 with pytest.raises(DurableConflictError) as caught:
                     await asyncio.wait_for(run.retry(), 10)
