@@ -26,6 +26,7 @@ from durably import (
     tool,
 )
 from durably.activities import TranscriptCache
+from durably.contract import SA_AGENT_VERSION
 from durably.messages import AssistantMessage, ToolCall, UserMessage
 from durably.models import last_tool_results, tool_call
 
@@ -205,6 +206,8 @@ class TestCancel:
         assert running.status == RunStatus.RUNNING
         assert running.current is not None
         assert "Running tool `long_job` (tool:1:call_long_job" in running.current
+        desc = await client.temporal.get_workflow_handle(run.run_id).describe()
+        assert desc.typed_search_attributes.get(SA_AGENT_VERSION) == "1"  # set once pinned
 
         await run.cancel()
 

@@ -146,6 +146,8 @@ class AgentRunWorkflow:
             if s.pin is None:
                 s.pin = await self._operation("pin", self._pin)
                 self._event("agent_pinned", detail=f"{s.pin.agent_id}@{s.pin.version}")
+                if workflow.patched("durably-publish-version-when-pinned"):
+                    self._publish()  # DurablyAgentVersion, from the start of the run
                 self._append(UserMessage(content=s.input))
             pin = s.pin
             while True:
