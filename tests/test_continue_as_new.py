@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 from pydantic import BaseModel
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
@@ -20,28 +17,11 @@ from durably import (
     ToolContext,
     tool,
 )
-from durably.contract import SEARCH_ATTRIBUTES
 from durably.messages import AssistantMessage, ToolCall
 
-from .conftest import binary
+from .conftest import record_history
 
 TURNS = 12
-
-
-@pytest.fixture(scope="module")
-async def small_history_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A dev server that suggests continue-as-new after 40 history events."""
-    async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary("temporal"),
-        search_attributes=SEARCH_ATTRIBUTES,
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            "limit.historyCount.suggestContinueAsNew=40",
-            "--dynamic-config-value",
-            "history.transferProcessorMaxPollRPS=1000",
-        ],
-    ) as env:
-        yield env
 
 
 class Note(BaseModel):
@@ -49,8 +29,9 @@ class Note(BaseModel):
 
 
 async def test_a_long_run_continues_as_new_and_keeps_its_id_transcript_and_events(
-    small_history_env: WorkflowEnvironment,
+    env: WorkflowEnvironment, task_queue: str
 ) -> None:
+    """With a low threshold (40 events) a 12-turn run continues as new several times."""
     seen_lengths: list[int] = []
 
     def model(request: ModelRequest) -> AssistantMessage:
@@ -68,11 +49,11 @@ async def test_a_long_run_continues_as_new_and_keeps_its_id_transcript_and_event
         return f"note {args.n}: " + "z" * 500
 
     agent = Agent(id="writer", model=FunctionModel(model), instructions="", tools=[note])
-    client = DurableClient(small_history_env.client, task_queue="can-test")
-    async with await DurableRuntime.open(
-        client=client,
-        agents=[AgentRegistration(agent, version="1", tool_recovery={"note": "safe"})],
-    ) as runtime:
+    client = DurableClient(env.client, task_queue=task_queue)
+    registration = AgentRegistration(
+        agent, version="1", tool_recovery={"note": "safe"}, continue_as_new_events=40
+    )
+    async with await DurableRuntime.open(client=client, agents=[registration]) as runtime:
         await runtime.resume()
         run = await client.start_run("writer", "write notes")
         result = await run.result()
@@ -88,9 +69,9 @@ async def test_a_long_run_continues_as_new_and_keeps_its_id_transcript_and_event
         )
         seqs = [e.seq for e in snap.events]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-        runs = [
-            w async for w in small_history_env.client.list_workflows(f"WorkflowId = '{run.run_id}'")
-        ]
+        query = f"WorkflowId = '{run.run_id}'"
+        runs = [w async for w in env.client.list_workflows(query)]
         statuses = sorted(w.status.name for w in runs if w.status is not None)
         assert WorkflowExecutionStatus.CONTINUED_AS_NEW.name in statuses
         assert statuses.count(WorkflowExecutionStatus.COMPLETED.name) == 1
+        await record_history(client, run.run_id, "completed_after_continue_as_new")

@@ -116,7 +116,10 @@ class AgentRegistration:
 
     Tools not named in `tool_recovery` are `manual`. `heartbeat_timeout` is
     how fast a dead worker is noticed while a tool or model request runs; a
-    tool's own `heartbeat_timeout` overrides it.
+    tool's own `heartbeat_timeout` overrides it. A run continues as new (same
+    run id, same snapshot) once its history reaches `continue_as_new_events`
+    events or `continue_as_new_bytes` bytes, well before Temporal's limits
+    (51,200 events, 50 MB); these do not change the fingerprint.
     """
 
     agent: Agent
@@ -127,6 +130,8 @@ class AgentRegistration:
     heartbeat_timeout: timedelta = timedelta(seconds=10)
     tool_timeout: timedelta = timedelta(minutes=10)
     model_timeout: timedelta = timedelta(minutes=5)
+    continue_as_new_events: int = 10_000
+    continue_as_new_bytes: int = 10 * 2**20
 
     def __post_init__(self) -> None:
         where = f"registration of agent {self.agent.id!r} version {self.version!r}"
@@ -151,6 +156,16 @@ class AgentRegistration:
         ):
             if value <= timedelta(0):
                 raise RegistrationError(f"{where}: {what} must be positive")
+        if not 10 <= self.continue_as_new_events <= 50_000:
+            raise RegistrationError(
+                f"{where}: continue_as_new_events must be between 10 and 50,000 "
+                "(Temporal ends a run at 51,200 events)"
+            )
+        if not 2**16 <= self.continue_as_new_bytes <= 40 * 2**20:
+            raise RegistrationError(
+                f"{where}: continue_as_new_bytes must be between 64 KiB and 40 MiB "
+                "(Temporal ends a run at 50 MB of history)"
+            )
         object.__setattr__(self, "tool_recovery", dict(self.tool_recovery))
 
     @property
@@ -171,6 +186,8 @@ class AgentRegistration:
             model_heartbeat_timeout_s=self.heartbeat_timeout.total_seconds(),
             model_start_to_close_s=self.model_timeout.total_seconds(),
             tools={t.name: self._tool_policy(t) for t in self.agent.tools},
+            continue_as_new_events=self.continue_as_new_events,
+            continue_as_new_bytes=self.continue_as_new_bytes,
         )
 
     def _tool_policy(self, t: Tool[Any]) -> ToolPolicy:

@@ -142,6 +142,9 @@ class AgentPin(_Model):
     model_heartbeat_timeout_s: float
     model_start_to_close_s: float
     tools: dict[str, ToolPolicy]
+    # A run continues as new once its history holds this many events or bytes.
+    continue_as_new_events: int = 10_000
+    continue_as_new_bytes: int = 10 * 2**20
 
 
 class PinRequest(_Model):

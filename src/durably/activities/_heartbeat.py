@@ -3,6 +3,11 @@
 Without it a dead worker is noticed only at the start-to-close timeout
 (minutes); with it, within the heartbeat timeout. Heartbeats are also how a
 cancellation reaches a running activity.
+
+The first heartbeat waits one interval: the server times out an activity
+that never heartbeats one heartbeat timeout after it started, so a beat at
+the start proves nothing, while it costs a billable action and an RPC on
+every short model request and tool call.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ async def heartbeating(interval: float) -> AsyncIterator[None]:
 
     async def beat() -> None:
         while True:
-            activity.heartbeat()
             await asyncio.sleep(interval)
+            activity.heartbeat()
 
     task = asyncio.create_task(beat(), name="durably-heartbeat")
     try:

@@ -151,7 +151,7 @@ class AgentRunWorkflow:
                 self._append(UserMessage(content=s.input))
             pin = s.pin
             while True:
-                if workflow.info().is_continue_as_new_suggested():
+                if self._history_nearly_full(pin):
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(
                         RunInput(agent_id=s.agent_id, input=s.input, carried=s)
@@ -209,6 +209,21 @@ class AgentRunWorkflow:
             workflow.set_current_details("Cancelled")
             self._publish()
             raise
+
+    def _history_nearly_full(self, pin: AgentPin) -> bool:
+        """Time to continue as new: the history is approaching Temporal's limits.
+
+        Runs started before the patch followed the server's suggestion (from
+        4,000 events by default), which copied the transcript into a new run
+        far earlier than needed.
+        """
+        info = workflow.info()
+        if not workflow.patched("durably-continue-as-new-near-history-limits"):
+            return info.is_continue_as_new_suggested()
+        return (
+            info.get_current_history_length() >= pin.continue_as_new_events
+            or info.get_current_history_size() >= pin.continue_as_new_bytes
+        )
 
     # -- queries ----------------------------------------------------------------
 
