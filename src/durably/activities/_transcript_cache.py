@@ -24,6 +24,7 @@ __all__ = ["TranscriptCache"]
 @dataclass
 class _RunEntry:
     messages: list[Message] = field(default_factory=list)
+    digest: str = ""
     outputs: dict[str, Message] = field(default_factory=dict)
 
 
@@ -56,8 +57,8 @@ class TranscriptCache:
         with self._lock:
             self._entry(run_id).outputs[key] = message
 
-    def transcript(self, run_id: str, length: int) -> list[Message] | None:
-        """The cached transcript if it is exactly `length` messages long.
+    def transcript(self, run_id: str, length: int) -> tuple[list[Message], str] | None:
+        """The cached transcript and its digest, if it is exactly `length` messages long.
 
         The caller proves it is the run's own with the workflow's digest.
         """
@@ -65,18 +66,19 @@ class TranscriptCache:
             entry = self._runs.get(run_id)
             if entry is None or len(entry.messages) != length:
                 return None
-            return list(entry.messages)
+            return list(entry.messages), entry.digest
 
     def output(self, run_id: str, key: str) -> Message | None:
         with self._lock:
             entry = self._runs.get(run_id)
             return None if entry is None else entry.outputs.get(key)
 
-    def store(self, run_id: str, messages: list[Message]) -> None:
+    def store(self, run_id: str, messages: list[Message], digest: str) -> None:
         """Replace the run's transcript; outputs it now contains are dropped."""
         with self._lock:
             entry = self._entry(run_id)
             entry.messages = messages
+            entry.digest = digest
             entry.outputs.clear()
 
     def forget(self, run_id: str) -> None:
