@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
@@ -169,3 +170,23 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30) -
             if await check():
                 return
             await asyncio.sleep(0.1)
+
+
+async def search_attribute(
+    client: DurableClient, run: RunHandle, key: SearchAttributeKey[str], expected: str
+) -> str | None:
+    """The run's search attribute once it reads `expected` (or its value after 10 s).
+
+    A query can answer from a workflow task the server is still persisting,
+    so the attributes that task upserts may show a moment after the snapshot.
+    """
+    handle = client.temporal.get_workflow_handle(run.run_id)
+    value: str | None = None
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(10):
+            while True:
+                value = (await handle.describe()).typed_search_attributes.get(key)
+                if value == expected:
+                    break
+                await asyncio.sleep(0.05)
+    return value

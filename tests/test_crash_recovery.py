@@ -37,7 +37,7 @@ from durably.contract import SA_STATUS
 from durably.dev import DevServer
 from durably.models import tool_call
 
-from .conftest import wait_for_status
+from .conftest import search_attribute, wait_for_status
 from .crash_agents import HEARTBEAT, Ticket, TicketId
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,8 +189,9 @@ class TestManualToolCrash:
         assert snap.attention.reason == "tool_interrupted"
         assert snap.attention.detail["args"] == {"title": "vpn down"}
         assert "timed out" in snap.attention.detail["last_error"]
-        desc = await client.temporal.get_workflow_handle(run.run_id).describe()
-        assert desc.typed_search_attributes.get(SA_STATUS) == "needs_attention"
+        assert (
+            await search_attribute(client, run, SA_STATUS, "needs_attention") == "needs_attention"
+        )
 
         await run.resolve_tool("tool:1:c1", {"type": "json", "value": {"ticket_id": "T-42"}})
         result = await run.result()

@@ -38,7 +38,15 @@ from durably.messages import AssistantMessage, ToolCall
 from durably.models import last_tool_results, tool_call
 from durably.tools import question_tool
 
-from .conftest import Runtimes, binary, history_length, record_history, wait_for_status
+from .conftest import (
+    Runtimes,
+    binary,
+    eventually,
+    history_length,
+    record_history,
+    search_attribute,
+    wait_for_status,
+)
 
 
 class Refund(BaseModel):
@@ -120,8 +128,7 @@ class TestApproval:
         assert len(interaction["args_digest"]) == 32
         shown = 'of tool `refund` with `{"order":"A1","amount":30}`'
         assert f"Waiting for approval** (approval:1:c1) {shown}" in (snap.current or "")
-        desc = await client.temporal.get_workflow_handle(run.run_id).describe()
-        assert desc.typed_search_attributes.get(SA_STATUS) == "waiting"
+        assert await search_attribute(client, run, SA_STATUS, "waiting") == "waiting"
         assert refunds.made == []
 
         accepted = await run.respond(
@@ -435,6 +442,11 @@ async def test_durably_inbox_lists_what_each_parked_run_waits_for(
     await wait_for_status(blocked, RunStatus.NEEDS_ATTENTION)
     await wait_for_status(failed, RunStatus.FAILED)
 
+    async def all_listed() -> bool:  # visibility trails the runs by a moment
+        found = {i.run_id for i in await client.inbox()}
+        return {waiting.run_id, blocked.run_id, failed.run_id} <= found
+
+    await eventually(all_listed)
     target = env.client.service_client.config.target_host
     shown = await asyncio.to_thread(
         subprocess.run,

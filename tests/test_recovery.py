@@ -26,7 +26,7 @@ from durably.contract import SA_STATUS
 from durably.messages import AssistantMessage
 from durably.models import last_tool_results, tool_call
 
-from .conftest import Runtimes, history_length, record_history, wait_for_status
+from .conftest import Runtimes, history_length, record_history, search_attribute, wait_for_status
 
 FAST = ToolRetry(max_attempts=3, initial_delay_ms=10, max_delay_ms=10)
 
@@ -97,8 +97,9 @@ class TestManualTool:
         assert snap.attention.detail["attempts"] == 1
         assert "ConnectionResetError: ticket service hung up" in snap.attention.detail["last_error"]
         assert "Check in the external system" in (snap.current or "")
-        desc = await client.temporal.get_workflow_handle(run.run_id).describe()
-        assert desc.typed_search_attributes.get(SA_STATUS) == "needs_attention"
+        assert (
+            await search_attribute(client, run, SA_STATUS, "needs_attention") == "needs_attention"
+        )
 
         accepted = await run.resolve_tool(
             "tool:1:c1", {"type": "json", "value": {"ticket_id": "T-verified"}}

@@ -30,7 +30,7 @@ from durably.contract import SA_AGENT_VERSION
 from durably.messages import AssistantMessage, ToolCall, UserMessage
 from durably.models import last_tool_results, tool_call
 
-from .conftest import Runtimes, binary, record_history
+from .conftest import Runtimes, binary, eventually, record_history, search_attribute
 
 
 class Ticket(BaseModel):
@@ -172,8 +172,11 @@ class TestTurnBudget:
         assert snap.status == RunStatus.FAILED
         assert snap.turns == 2
         assert "raise Agent.max_turns" in (snap.error or "")
-        listed = await client.list_runs(status="failed")
-        assert run.run_id in [r.run_id for r in listed]
+
+        async def listed_as_failed() -> bool:
+            return run.run_id in [r.run_id for r in await client.list_runs(status="failed")]
+
+        await eventually(listed_as_failed)  # visibility trails the run by a moment
         await record_history(client, run.run_id, "failed_max_turns")
         await run.cancel()
 
@@ -206,8 +209,7 @@ class TestCancel:
         assert running.status == RunStatus.RUNNING
         assert running.current is not None
         assert "Running tool `long_job` (tool:1:call_long_job" in running.current
-        desc = await client.temporal.get_workflow_handle(run.run_id).describe()
-        assert desc.typed_search_attributes.get(SA_AGENT_VERSION) == "1"  # set once pinned
+        assert await search_attribute(client, run, SA_AGENT_VERSION, "1") == "1"
 
         await run.cancel()
 
