@@ -22,6 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from durably.contract import (
     ACTIVITY_MODEL,
+    SA_STATUS,
     ResolveToolAccepted,
     ResolveToolRequest,
     RespondAccepted,
@@ -121,10 +122,14 @@ class RunHandle:
                 done, _ = await asyncio.wait({closed}, timeout=poll_interval)
                 if done:
                     return closed.result()
+                # The search attribute, not a query: describing a run needs no
+                # worker and is not a billable action.
                 with contextlib.suppress(RPCError):
-                    snap = await self.snapshot()
-                    if snap.status == RunStatus.FAILED:
-                        raise RunFailedError(self.run_id, snap.error or "unknown error")
+                    described = await self._handle.describe(rpc_timeout=_QUERY_TIMEOUT)
+                    if described.typed_search_attributes.get(SA_STATUS) == RunStatus.FAILED:
+                        snap = await self.snapshot()
+                        if snap.status == RunStatus.FAILED:
+                            raise RunFailedError(self.run_id, snap.error or "unknown error")
         finally:
             closed.cancel()
             with contextlib.suppress(BaseException):
