@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -190,3 +191,15 @@ async def search_attribute(
                     break
                 await asyncio.sleep(0.05)
     return value
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports nothing listens on right now (held together, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

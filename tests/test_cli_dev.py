@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -27,22 +26,10 @@ from durably import DurableClient, RunStatus, ToolContext
 from durably.dev import DevServer
 from durably.examples.support_desk import AGENT_ID, TicketArgs, create_ticket
 
-from .conftest import binary
+from .conftest import binary, free_ports
 
 STARTUP = 120.0
 SHUTDOWN = 30.0
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on right now (held together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def clean_env() -> dict[str, str]:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from durably.contract import SA_STATUS
 from durably.dev import DevServer
 from durably.models import tool_call
 
-from .conftest import search_attribute, wait_for_status
+from .conftest import free_ports, search_attribute, wait_for_status
 from .crash_agents import HEARTBEAT, Ticket, TicketId
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,7 +256,7 @@ class TestCommittedResults:
 
 class TestServerRestart:
     async def test_a_needs_attention_run_survives_a_dev_server_restart(
-        self, tmp_path: Path, free_ports: Callable[[int], list[int]]
+        self, tmp_path: Path
     ) -> None:
         ran: list[str] = []
 
@@ -301,19 +301,3 @@ class TestServerRestart:
 
         assert result.output == "filed"
         assert ran == [f"{run.run_id}/tool:1:c1"]
-
-
-@pytest.fixture
-def free_ports() -> Iterator[Callable[[int], list[int]]]:
-    import socket
-
-    def take(n: int) -> list[int]:
-        socks = [socket.socket() for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        ports = [s.getsockname()[1] for s in socks]
-        for s in socks:
-            s.close()
-        return ports
-
-    yield take

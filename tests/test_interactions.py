@@ -42,6 +42,7 @@ from .conftest import (
     Runtimes,
     binary,
     eventually,
+    free_ports,
     history_length,
     record_history,
     search_attribute,
@@ -338,7 +339,8 @@ class TestRestarts:
     async def test_a_dev_server_restart_keeps_the_interaction_pending(self, tmp_path: Path) -> None:
         refunds = Refunds()
         registration = refunds.registration()
-        server = DevServer(db=tmp_path / "t.db", port=_free_port(), ui_port=_free_port())
+        port, ui_port = free_ports(2)
+        server = DevServer(db=tmp_path / "t.db", port=port, ui_port=ui_port)
         await server.start()
         try:
             client = DurableClient(server.client, task_queue="restart")
@@ -361,14 +363,6 @@ class TestRestarts:
         finally:
             await server.stop()
         assert len(refunds.made) == 1
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,7 +30,7 @@ from durably.dev import DevServer
 from durably.messages import AssistantMessage, ToolCall
 from durably.models import ModelErrorVerdict, last_tool_results
 
-from .conftest import Runtimes, eventually, record_history, wait_for_status
+from .conftest import Runtimes, eventually, free_ports, record_history, wait_for_status
 
 
 class Overloaded(Exception):
@@ -128,18 +127,13 @@ class TestModelRetry:
         assert 6.5 <= waited <= 12, waited
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_a_retry_wait_survives_a_dev_server_restart(tmp_path: Path) -> None:
     attempts: list[tuple[int, float]] = []
     agent = Agent(id="flaky", model=flaky_model(1, attempts), instructions="")
     retry = ModelRetry(max_attempts=2, initial_delay_ms=12_000, max_delay_ms=12_000)
     registration = AgentRegistration(agent, version="1", model_retry=retry)
-    server = DevServer(db=tmp_path / "t.db", port=_free_port(), ui_port=_free_port())
+    port, ui_port = free_ports(2)
+    server = DevServer(db=tmp_path / "t.db", port=port, ui_port=ui_port)
 
     await server.start()
     try:
