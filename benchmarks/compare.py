@@ -451,6 +451,7 @@ class Results:
     concurrency: list[int] = field(default_factory=list)
     concurrent_turns: int = 5
     load: list[tuple[str, tuple[float, float, float]]] = field(default_factory=list)
+    commit: str = "?"
     elapsed: float = 0.0
 
     def records(self, impl: str, turns: int) -> list[RunRecord]:
@@ -820,7 +821,7 @@ def plot(res: Results, path: Path) -> None:
     plt.close(fig)
 
 
-def versions() -> list[tuple[str, str]]:
+def versions(res: Results) -> list[tuple[str, str]]:
     found = []
     for dist in (
         "durably",
@@ -843,18 +844,27 @@ def versions() -> list[tuple[str, str]]:
     except (OSError, subprocess.SubprocessError):
         cli = "?"
     found.append(("temporal CLI (dev server)", cli.removeprefix("temporal version ")))
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "?"
-    found.append(("durably commit", commit or "?"))
+    found.append(("durably commit", res.commit))
     found.append(("Python", platform.python_version()))
     return found
+
+
+def git_state() -> str:
+    """The commit measured, and whether `src/` differs from it."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "?"
+    return commit + (" (src/ modified)" if git("status", "--porcelain", "--", "src") else "")
 
 
 def machine() -> str:
@@ -985,7 +995,7 @@ the history's timestamps), and the rest (the server between tasks, the client).
 
 ## Versions and machine
 
-{chr(10).join(f"- {name}: {value}" for name, value in versions())}
+{chr(10).join(f"- {name}: {value}" for name, value in versions(res))}
 - machine: {machine()}
 - load average (1 / 5 / 15 min): {load_text(res)}
 
@@ -993,9 +1003,9 @@ the history's timestamps), and the rest (the server between tasks, the client).
 
 ```sh
 . .venv/bin/activate
-pip install -e '.[bench]' temporalio-openai-agents   # the comparison's packages
+pip install -e '.[bench]'               # the comparison's packages
 python benchmarks/compare.py            # full: N = 5, 50, 200, throughput 20 and 50,
-                                        # a 500-turn run of (a) and (b); writes this file
+                                        # 3 runs of (a) and (b) at 500 turns; writes this file
 python benchmarks/compare.py --quick    # N = 5 and 50, 2 runs, throughput 20; prints only
 python benchmarks/compare.py --only durably --turns 500   # one implementation
 python benchmarks/compare.py --help
@@ -1039,6 +1049,7 @@ async def benchmark(plan: Plan, log: Callable[[str], None]) -> Results:
         concurrent_turns=plan.concurrent_turns,
     )
     res.load.append(("start", os.getloadavg()))
+    res.commit = git_state()
     began = time.perf_counter()
     port = free_port()
     all_turns = [2, plan.concurrent_turns, *plan.turns, *plan.extra_turns]
@@ -1197,7 +1208,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     res = await benchmark(plan, log)
     print_results(res)
     if docs:
-        write_docs(res, "python benchmarks/compare.py " + " ".join(sys.argv[1:]))
+        write_docs(res, " ".join(["python benchmarks/compare.py", *sys.argv[1:]]))
         print(f"wrote {DOCS.relative_to(ROOT)} and {PLOT.relative_to(ROOT)}")
 
 
@@ -1207,7 +1218,7 @@ def _require(module: str, packages: str) -> None:
     except ImportError as err:
         raise SystemExit(
             f"{module} is missing ({err}); install the comparison's packages: "
-            f"pip install -e '.[bench]' {packages}"
+            f"pip install -e '.[bench]' (or {packages})"
         ) from err
 
 
