@@ -9,6 +9,7 @@ message rather than stalling a workflow task later.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -62,7 +63,7 @@ class Agent:
     def tool(self, name: str) -> Tool[Any] | None:
         return next((t for t in self.tools if t.name == name), None)
 
-    @property
+    @functools.cached_property
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         return tuple(
             ToolSpec(name=t.name, description=t.description, parameters=t.input_schema)
@@ -208,9 +209,12 @@ class AgentRegistration:
             output_schema=t.output_schema,
         )
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
-        """A hash of the canonical JSON of everything this registration builds."""
+        """A hash of the canonical JSON of everything this registration builds.
+
+        Computed once: every activity checks it, and a registration never changes.
+        """
         data = {
             "agent_id": self.agent.id,
             "model": dict(self.agent.model.identity),

@@ -20,6 +20,8 @@ from typing import Any, Generic, TypeVar, get_type_hints, overload
 import structlog
 from pydantic import BaseModel, TypeAdapter
 
+_ANY: TypeAdapter[Any] = TypeAdapter(Any)
+
 __all__ = ["Question", "Tool", "ToolContext", "ToolError", "question_tool", "tool"]
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
@@ -114,7 +116,7 @@ class Tool(Generic[ArgsT]):
     def validate_output(self, value: Any) -> Any:
         """Check a value against the output model and return its JSON form."""
         if self.output_model is None:
-            return TypeAdapter(Any).dump_python(value, mode="json")
+            return _ANY.dump_python(value, mode="json")
         if isinstance(value, self.output_model):
             return value.model_dump(mode="json")
         return self.output_model.model_validate(value).model_dump(mode="json")
