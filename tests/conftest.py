@@ -95,18 +95,23 @@ async def runtimes(client: DurableClient) -> AsyncIterator[Runtimes]:
 HISTORIES = Path(__file__).parent / "histories"
 
 
-async def record_history(client: DurableClient, run_id: str, name: str) -> None:
+async def record_history(
+    client: DurableClient, run_id: str, name: str, temporal_run_id: str | None = None
+) -> None:
     """Save a run's history for the replay test when DURABLY_RECORD_HISTORIES=1.
 
     Recorded files are committed: CI replays them against the current
     workflow code, which is how a change that breaks old runs is caught.
+    `temporal_run_id` picks one run of a continued-as-new chain (default:
+    the latest).
     """
     import os
 
     path = HISTORIES / f"{name}.json"
     if os.environ.get("DURABLY_RECORD_HISTORIES") != "1" or path.exists():
         return  # never overwrite: an old recording is what proves compatibility
-    history = await client.temporal.get_workflow_handle(run_id).fetch_history()
+    handle = client.temporal.get_workflow_handle(run_id, run_id=temporal_run_id)
+    history = await handle.fetch_history()
     HISTORIES.mkdir(exist_ok=True)
     path.write_text(history.to_json())
 

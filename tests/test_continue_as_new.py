@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from pydantic import BaseModel
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
@@ -17,7 +20,8 @@ from durably import (
     ToolContext,
     tool,
 )
-from durably.messages import AssistantMessage, ToolCall
+from durably.activities import TranscriptCache
+from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
 
 from .conftest import record_history
 
@@ -75,3 +79,85 @@ async def test_a_long_run_continues_as_new_and_keeps_its_id_transcript_and_event
         assert WorkflowExecutionStatus.CONTINUED_AS_NEW.name in statuses
         assert statuses.count(WorkflowExecutionStatus.COMPLETED.name) == 1
         await record_history(client, run.run_id, "completed_after_continue_as_new")
+        first_run = (await _chain(env, run.run_id))[0][0]
+        await record_history(client, run.run_id, "continued_as_new_archiving_transcript", first_run)
+        await record_history(client, run.run_id, "completed_after_restoring_transcript")
+
+
+BIG_TURNS = 10
+BIG_RESULT = 300_000  # 10 of these are 3 MB: past the 2 MB continue-as-new payload limit
+
+
+def _big_agent(seen: list[list[str]]) -> AgentRegistration:
+    """An agent whose tool results add up to a transcript no payload can carry."""
+
+    def model(request: ModelRequest) -> AssistantMessage:
+        seen.append([m.content[:10] for m in request.messages if isinstance(m, ToolResultMessage)])
+        assert all(
+            len(m.content) == BIG_RESULT
+            for m in request.messages
+            if isinstance(m, ToolResultMessage)
+        )
+        turn = sum(isinstance(m, AssistantMessage) for m in request.messages)
+        if turn < BIG_TURNS:
+            return AssistantMessage(
+                tool_calls=(ToolCall(id=f"c{turn}", name="fetch", arguments={"n": turn}),)
+            )
+        return AssistantMessage(content=f"read {turn} pages")
+
+    @tool
+    async def fetch(args: Note, ctx: ToolContext) -> str:
+        """Fetch a large page."""
+        return f"page {args.n:04d} ".ljust(BIG_RESULT, "x")
+
+    agent = Agent(id="reader", model=FunctionModel(model), instructions="", tools=[fetch])
+    return AgentRegistration(
+        agent, version="1", tool_recovery={"fetch": "safe"}, continue_as_new_events=40
+    )
+
+
+async def _chain(env: WorkflowEnvironment, run_id: str) -> list[tuple[str, int]]:
+    """Each run of the chain, oldest first: its Temporal run id and its input's size."""
+    runs = sorted(
+        [w async for w in env.client.list_workflows(f"WorkflowId = '{run_id}'")],
+        key=lambda w: w.start_time,
+    )
+    chain = []
+    for w in runs:
+        history = await env.client.get_workflow_handle(run_id, run_id=w.run_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        chain.append((w.run_id, started.input.ByteSize()))
+    return chain
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cache-hit", "no-cache"])
+async def test_a_transcript_larger_than_a_payload_survives_continue_as_new(
+    env: WorkflowEnvironment, task_queue: str, cached: bool
+) -> None:
+    """A 3 MB transcript continues as new several times and the model still sees all of it.
+
+    Carried in the continue-as-new input it would exceed Temporal's 2 MB
+    payload limit and fail every workflow task; it stays in the previous
+    run and is restored from the worker's cache or, without one, by
+    querying the closed previous run.
+    """
+    seen: list[list[str]] = []
+    client = DurableClient(env.client, task_queue=task_queue)
+    async with await DurableRuntime.open(client=client, agents=[_big_agent(seen)]) as runtime:
+        if not cached:
+            runtime.plugin.agent_activities.cache = TranscriptCache(max_runs=0)
+        await runtime.resume()
+        run = await client.start_run("reader", "read everything")
+        async with asyncio.timeout(120):
+            result = await run.result()
+
+        assert result.output == f"read {BIG_TURNS} pages"
+        # Every request saw every earlier page, in order, whole.
+        assert seen == [[f"page {n:04d} " for n in range(t)] for t in range(BIG_TURNS + 1)]
+        snap = await run.snapshot()
+        assert (snap.status, snap.turns) == (RunStatus.COMPLETED, BIG_TURNS + 1)
+        assert any(e.type == "transcript_restored" for e in snap.events)
+        chain = await _chain(env, run.run_id)
+        assert len(chain) >= 3, chain
+        # What continue-as-new carries stays small however long the transcript gets.
+        assert all(size < 100_000 for _, size in chain), chain

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from durably.messages import Message
 
-__all__ = ["EMPTY_DIGEST", "args_digest", "extend_digest"]
+__all__ = ["EMPTY_DIGEST", "args_digest", "encoded_size", "extend_digest"]
 
 EMPTY_DIGEST = hashlib.sha256(b"durably-transcript-v1").hexdigest()
 _MESSAGE = TypeAdapter[Message](Message)
@@ -33,3 +33,8 @@ def args_digest(arguments: dict[str, Any]) -> str:
     """A hash of a tool call's canonical JSON arguments (sorted keys, no spaces)."""
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def encoded_size(message: Message) -> int:
+    """The bytes `message` takes in a payload (its JSON, as the digest reads it)."""
+    return len(_MESSAGE.dump_json(message))

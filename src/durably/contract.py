@@ -19,6 +19,7 @@ from durably.messages import AssistantMessage, Message, ToolCall, Usage
 __all__ = [
     "ACTIVITY_MODEL",
     "ACTIVITY_PIN",
+    "ACTIVITY_RESTORE",
     "ACTIVITY_TOOL",
     "DEFAULT_TASK_QUEUE",
     "SA_AGENT",
@@ -58,7 +59,9 @@ __all__ = [
     "RunSummary",
     "ToolCallInput",
     "ToolPolicy",
+    "TranscriptArchive",
     "TranscriptPage",
+    "TranscriptRestoreRequest",
 ]
 
 WORKFLOW_TYPE = "AgentRunWorkflow"
@@ -68,6 +71,7 @@ DEFAULT_TASK_QUEUE = "durably"
 ACTIVITY_PIN = "durably.pin_agent"
 ACTIVITY_MODEL = "durably.model_request"
 ACTIVITY_TOOL = "durably.tool_call"
+ACTIVITY_RESTORE = "durably.restore_transcript"
 
 # Custom search attributes (Keyword) every run keeps current; the dev server
 # and any cluster running durably must have them registered.
@@ -210,6 +214,34 @@ class TranscriptPage(_Model):
     offset: int
     messages: list[Message]
     total: int
+
+
+class TranscriptArchive(_Model):
+    """Where a continued-as-new run finds the transcript it did not carry.
+
+    Continue-as-new input is one payload, limited to 2 MB, and a long run's
+    transcript outgrows that. So the transcript stays in the run that
+    continued as new (`run_id`, a Temporal run id of the same workflow),
+    and the new run copies it into its own history page by page before
+    its next turn: it never depends on an old run outliving the
+    namespace's retention. `length` and `digest` name exactly what was
+    left; `base_length` and `new` are the last model request's view plus
+    what came after (as in `ModelCallInput`), so a worker whose cache holds
+    the run restores without asking the old run at all.
+    """
+
+    run_id: str
+    length: int
+    digest: str
+    base_length: int
+    new: list[Message | MessageRef]
+
+
+class TranscriptRestoreRequest(_Model):
+    """One page of an archived transcript, from `offset`."""
+
+    archive: TranscriptArchive
+    offset: int
 
 
 class JsonResolution(_Model):
@@ -393,7 +425,8 @@ class RunState(_Model):
 
     `sent_length` is the length of the transcript the last model request
     saw; `refs` maps transcript positions not yet sent to the
-    operation whose activity produced them (see `MessageRef`).
+    operation whose activity produced them (see `MessageRef`). `archive` is
+    set while a continued-as-new run has yet to copy the transcript in.
     """
 
     agent_id: str
@@ -405,6 +438,7 @@ class RunState(_Model):
     digest: str
     sent_length: int = 0
     refs: dict[int, str] = Field(default_factory=dict)
+    archive: TranscriptArchive | None = None
     turns: int = 0
     usage: Usage = Field(default_factory=Usage)
     outcome: dict[str, Any] | None = None

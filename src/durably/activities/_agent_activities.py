@@ -1,8 +1,9 @@
-"""The three activities every run uses, dispatching through the live registry.
+"""The activities every run uses, dispatching through the live registry.
 
 Their names are fixed (`durably.pin_agent`, `durably.model_request`,
-`durably.tool_call`), so histories never depend on a user's function names
-and agents can be registered while the worker runs. User code (models and
+`durably.tool_call`, and `durably.restore_transcript` after a
+continue-as-new), so histories never depend on a user's function names and
+agents can be registered while the worker runs. User code (models and
 tools) runs only here.
 """
 
@@ -11,21 +12,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import structlog
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from durably._digests import EMPTY_DIGEST, extend_digest
+from durably._transcript_pages import transcript_page
 from durably.activities._heartbeat import heartbeating
 from durably.activities._transcript_cache import TranscriptCache
 from durably.agents import AgentRegistration
 from durably.contract import (
     ACTIVITY_MODEL,
     ACTIVITY_PIN,
+    ACTIVITY_RESTORE,
     ACTIVITY_TOOL,
     AgentPin,
     MessageRef,
@@ -34,6 +40,7 @@ from durably.contract import (
     PinRequest,
     ToolCallInput,
     TranscriptPage,
+    TranscriptRestoreRequest,
 )
 from durably.messages import (
     AssistantMessage,
@@ -52,7 +59,6 @@ _log = structlog.get_logger("durably")
 
 # How long a cancelled tool may take to notice `abort_signal` and return.
 _ABORT_GRACE = 5.0
-_TRANSCRIPT_PAGE = 500
 # Call ids become part of activity ids, which the server limits to 1,000 characters.
 _MAX_CALL_ID = 200
 
@@ -67,6 +73,7 @@ class ErrorType:
     POST_PROCESSING = "DurablyPostProcessingError"
     TOOL_CRASHED = "DurablyToolCrashed"
     TRANSCRIPT_MISMATCH = "DurablyTranscriptMismatch"
+    TRANSCRIPT_LOST = "DurablyTranscriptLost"
     STALE_ATTEMPT = "DurablyStaleAttempt"
 
 
@@ -83,7 +90,7 @@ class AgentActivities:
         self.cache = cache or TranscriptCache()
 
     def methods(self) -> list[Any]:
-        return [self.pin_agent, self.model_request, self.tool_call]
+        return [self.pin_agent, self.model_request, self.tool_call, self.restore_transcript]
 
     # -- registration -------------------------------------------------------
 
@@ -139,7 +146,14 @@ class AgentActivities:
         # Heartbeat from the start: rebuilding the transcript may query the
         # workflow, which waits out a dead worker's sticky queue first.
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
-            messages = await self._rebuild(run_id, call)
+            messages = await self._rebuild(
+                run_id,
+                call.key,
+                call.base_length,
+                call.new,
+                call.digest,
+                partial(_fetch_transcript, run_id),
+            )
             # Every message was validated when it was made: skip doing it again
             # for the whole transcript on every turn.
             request = ModelRequest.model_construct(
@@ -175,16 +189,24 @@ class AgentActivities:
         self.cache.put_output(run_id, call.key, message)
         return result
 
-    async def _rebuild(self, run_id: str, call: ModelCallInput) -> list[Message]:
-        """The full transcript from the cache, or from the workflow on a miss.
+    async def _rebuild(
+        self,
+        run_id: str,
+        key: str,
+        base_length: int,
+        new: list[Message | MessageRef],
+        expected_digest: str,
+        fetch: Callable[[], Awaitable[list[Message]]],
+    ) -> list[Message]:
+        """The full transcript from the cache, or from the workflow (`fetch`) on a miss.
 
         On a hit only the new messages are hashed onto the cached digest, so a
         turn costs the same at turn 500 as at turn 5.
         """
-        cached = self.cache.transcript(run_id, call.base_length)
+        cached = self.cache.transcript(run_id, base_length)
         if cached is not None:
             messages, digest = cached
-            for item in call.new:
+            for item in new:
                 found = (
                     self.cache.output(run_id, item.ref) if isinstance(item, MessageRef) else item
                 )
@@ -193,18 +215,18 @@ class AgentActivities:
                 messages.append(found)
                 digest = extend_digest(digest, found)
             else:
-                if digest == call.digest:
+                if digest == expected_digest:
                     self.cache.store(run_id, messages, digest)
                     return messages
-        messages = await _fetch_transcript(run_id)
+        messages = await fetch()
         digest = _digest(messages)
-        if digest != call.digest:
-            expected = call.base_length + len(call.new)
-            if len(messages) > expected and _digest(messages[:expected]) == call.digest:
+        if digest != expected_digest:
+            expected = base_length + len(new)
+            if len(messages) > expected and _digest(messages[:expected]) == expected_digest:
                 # The run moved on while this attempt waited: Temporal already
                 # discards its result, so say so rather than retry.
                 raise ApplicationError(
-                    f"this attempt of {call.key} of run {run_id!r} is stale: the run has "
+                    f"this attempt of {key} of run {run_id!r} is stale: the run has "
                     "moved on since it was scheduled",
                     type=ErrorType.STALE_ATTEMPT,
                     non_retryable=True,
@@ -216,6 +238,32 @@ class AgentActivities:
             )
         self.cache.store(run_id, messages, digest)
         return messages
+
+    # -- continue-as-new ----------------------------------------------------
+
+    @activity.defn(name=ACTIVITY_RESTORE)
+    async def restore_transcript(self, request: TranscriptRestoreRequest) -> TranscriptPage:
+        """A page of the transcript a continued-as-new run left in its predecessor.
+
+        The worker that ran the last turn has it cached; any other worker
+        reads it once from the previous run (a query, which replays that
+        run's history) and serves the remaining pages from its cache.
+        """
+        run_id = _run_id()
+        archive = request.archive
+        cached = self.cache.transcript(run_id, archive.length)
+        if cached is not None and cached[1] == archive.digest:
+            return transcript_page(cached[0], request.offset)
+        async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
+            messages = await self._rebuild(
+                run_id,
+                f"restore:{request.offset}",
+                archive.base_length,
+                archive.new,
+                archive.digest,
+                partial(_fetch_transcript, run_id, archive.run_id),
+            )
+        return transcript_page(messages, request.offset)
 
     # -- tools --------------------------------------------------------------
 
@@ -293,11 +341,24 @@ def _digest(messages: list[Message]) -> str:
     return digest
 
 
-async def _fetch_transcript(run_id: str) -> list[Message]:
-    handle = activity.client().get_workflow_handle(run_id)
+async def _fetch_transcript(workflow_id: str, temporal_run_id: str | None = None) -> list[Message]:
+    """The whole transcript of the run (or of one closed run of its chain), by query."""
+    handle = activity.client().get_workflow_handle(workflow_id, run_id=temporal_run_id)
     messages: list[Message] = []
     while True:
-        page = await handle.query("transcript", len(messages), result_type=TranscriptPage)
+        try:
+            page = await handle.query("transcript", len(messages), result_type=TranscriptPage)
+        except RPCError as exc:
+            if temporal_run_id is None or exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            raise ApplicationError(
+                f"run {workflow_id!r} continued as new, but its previous run "
+                f"{temporal_run_id!r} is gone (its history outlived the namespace's retention "
+                "before this run copied its transcript), so the transcript cannot be restored. "
+                "Cancel this run and start a new one.",
+                type=ErrorType.TRANSCRIPT_LOST,
+                non_retryable=True,
+            ) from exc
         messages.extend(page.messages)
         if len(messages) >= page.total or not page.messages:
             return messages

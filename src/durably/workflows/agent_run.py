@@ -57,10 +57,12 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from durably._digests import EMPTY_DIGEST, args_digest, extend_digest
+    from durably._digests import EMPTY_DIGEST, args_digest, encoded_size, extend_digest
+    from durably._transcript_pages import transcript_page
     from durably.contract import (
         ACTIVITY_MODEL,
         ACTIVITY_PIN,
+        ACTIVITY_RESTORE,
         ACTIVITY_TOOL,
         SA_AGENT,
         SA_AGENT_VERSION,
@@ -92,7 +94,9 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         ToolCallInput,
         ToolPolicy,
+        TranscriptArchive,
         TranscriptPage,
+        TranscriptRestoreRequest,
     )
     from durably.messages import Message, ToolCall, ToolResultMessage, UserMessage
     from durably.tools import render_result
@@ -109,7 +113,11 @@ __all__ = ["AgentRunWorkflow"]
 T = TypeVar("T")
 _EVENTS_KEPT = 50
 _DETAIL_KEPT = 1_000
-_TRANSCRIPT_PAGE = 200
+# A run copies its predecessor's transcript into its own history; past this
+# size, that copy plus a run's own growth would near Temporal's 50 MB
+# history limit (and no model reads that much at once).
+_MAX_CARRIED_TRANSCRIPT = 32 * 2**20
+_ARCHIVE_PATCH = "durably-archive-transcript-on-continue-as-new"
 # Crashed model requests (worker died, timed out) run again even without
 # model_retry: a model request has no side effect.
 _MODEL_CRASH_ATTEMPTS = 3
@@ -136,6 +144,10 @@ class AgentRunWorkflow:
             SA_AGENT.name: _start_value(SA_AGENT),
             SA_AGENT_VERSION.name: _start_value(SA_AGENT_VERSION),
         }
+        # History this run spent copying its predecessor's transcript in: not
+        # counted toward continuing as new again.
+        self._base_events = 0
+        self._base_bytes = 0
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult:
@@ -143,6 +155,8 @@ class AgentRunWorkflow:
         workflow.set_current_details(f"Starting a run of agent `{s.agent_id}`")
         self._publish()
         try:
+            if s.archive is not None:
+                await self._restore(s.archive)
             if s.pin is None:
                 s.pin = await self._operation("pin", self._pin)
                 self._event("agent_pinned", detail=f"{s.pin.agent_id}@{s.pin.version}")
@@ -153,8 +167,19 @@ class AgentRunWorkflow:
             while True:
                 if self._history_nearly_full(pin):
                     await workflow.wait_condition(workflow.all_handlers_finished)
+                    carried = s
+                    if workflow.patched(_ARCHIVE_PATCH):
+                        size = sum(encoded_size(m) for m in s.transcript)
+                        if size > _MAX_CARRIED_TRANSCRIPT:
+                            await self._park(
+                                RunStatus.FAILED,
+                                error=_transcript_too_large(size),
+                                retryable=False,
+                            )
+                            continue
+                        carried = self._archived()
                     workflow.continue_as_new(
-                        RunInput(agent_id=s.agent_id, input=s.input, carried=s)
+                        RunInput(agent_id=s.agent_id, input=s.input, carried=carried)
                     )
                 turn = s.turns + 1
                 if turn > pin.max_turns:
@@ -215,15 +240,56 @@ class AgentRunWorkflow:
 
         Runs started before the patch followed the server's suggestion (from
         4,000 events by default), which copied the transcript into a new run
-        far earlier than needed.
+        far earlier than needed. What a run spent restoring its predecessor's
+        transcript does not count: it would otherwise continue as new again
+        at once once the transcript neared the threshold.
         """
         info = workflow.info()
         if not workflow.patched("durably-continue-as-new-near-history-limits"):
             return info.is_continue_as_new_suggested()
         return (
-            info.get_current_history_length() >= pin.continue_as_new_events
-            or info.get_current_history_size() >= pin.continue_as_new_bytes
+            info.get_current_history_length() - self._base_events >= pin.continue_as_new_events
+            or info.get_current_history_size() - self._base_bytes >= pin.continue_as_new_bytes
         )
+
+    def _archived(self) -> RunState:
+        """The state to continue as new with: the transcript stays in this run's history."""
+        s = self._s
+        archive = TranscriptArchive(
+            run_id=workflow.info().run_id,
+            length=len(s.transcript),
+            digest=s.digest,
+            base_length=s.sent_length,
+            new=self._unsent(),
+        )
+        # The restored transcript is whole: the next request sends only what follows it.
+        return s.model_copy(
+            update={
+                "transcript": [],
+                "archive": archive,
+                "sent_length": len(s.transcript),
+                "refs": {},
+            }
+        )
+
+    async def _restore(self, archive: TranscriptArchive) -> None:
+        """Copy the transcript the previous run kept into this run's history, page by page."""
+        s = self._s
+        workflow.set_current_details(
+            f"Restoring the transcript ({archive.length} messages) from the previous run "
+            f"`{archive.run_id}`"
+        )
+        while len(s.transcript) < archive.length:
+            offset = len(s.transcript)
+            page = await self._operation(
+                f"restore:{offset}", partial(self._restore_page, archive, offset)
+            )
+            s.transcript.extend(page.messages[: archive.length - offset])
+        s.archive = None
+        self._event("transcript_restored", detail=f"{archive.length} messages")
+        info = workflow.info()
+        self._base_events = info.get_current_history_length()
+        self._base_bytes = info.get_current_history_size()
 
     # -- queries ----------------------------------------------------------------
 
@@ -247,8 +313,7 @@ class AgentRunWorkflow:
 
     @workflow.query
     def transcript(self, offset: int) -> TranscriptPage:
-        messages = self._s.transcript[offset : offset + _TRANSCRIPT_PAGE]
-        return TranscriptPage(offset=offset, messages=messages, total=len(self._s.transcript))
+        return transcript_page(self._s.transcript, offset)
 
     @workflow.update(name="respond")
     def respond(self, *payload: Any) -> RespondAccepted:
@@ -402,10 +467,7 @@ class AgentRunWorkflow:
         s = self._s
         pin = _require(s.pin)
         key = f"model:{turn}"
-        new: list[Message | MessageRef] = [
-            MessageRef(ref=s.refs[i]) if i in s.refs else m
-            for i, m in enumerate(s.transcript[s.sent_length :], start=s.sent_length)
-        ]
+        new = self._unsent()
         call = ModelCallInput(
             agent_id=pin.agent_id,
             version=pin.version,
@@ -431,6 +493,32 @@ class AgentRunWorkflow:
         s.sent_length = len(s.transcript)
         s.refs.clear()
         return result
+
+    def _unsent(self) -> list[Message | MessageRef]:
+        """What the model has not seen yet: activity results by reference, the rest inline."""
+        s = self._s
+        return [
+            MessageRef(ref=s.refs[i]) if i in s.refs else m
+            for i, m in enumerate(s.transcript[s.sent_length :], start=s.sent_length)
+        ]
+
+    async def _restore_page(self, archive: TranscriptArchive, offset: int) -> TranscriptPage:
+        page: TranscriptPage = await workflow.execute_activity(
+            ACTIVITY_RESTORE,
+            TranscriptRestoreRequest(archive=archive, offset=offset),
+            result_type=TranscriptPage,
+            start_to_close_timeout=timedelta(minutes=10),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=10),
+            activity_id=f"restore:{offset}",
+            summary=f"restore transcript from message {offset}",
+        )
+        if not page.messages:  # fail the task (it retries), never the run
+            raise RuntimeError(
+                f"restoring the transcript returned no messages at {offset} of {archive.length}; "
+                "this is a bug in durably, please report it"
+            )
+        return page
 
     async def _tool(self, key: str, call: ToolCall) -> _ToolOutcome:
         pin = _require(self._s.pin)
@@ -651,6 +739,15 @@ def _describe(err: ActivityError) -> str:
     if cause is not None:
         return str(cause.message if hasattr(cause, "message") else cause)
     return str(err)
+
+
+def _transcript_too_large(size: int) -> str:
+    return (
+        f"the transcript has grown to {size / 2**20:.1f} MiB, more than a run can carry past "
+        f"continue-as-new ({_MAX_CARRIED_TRANSCRIPT // 2**20} MiB) within Temporal's history "
+        "limit, and more than a model reads at once; cancel this run and start a new one "
+        "from a summary of it, or have the agent's tools return less"
+    )
 
 
 def _waiting_details(interaction: Interaction) -> str:
