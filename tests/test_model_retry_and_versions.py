@@ -251,6 +251,37 @@ class TestVersions:
             assert (await run.result()).output == "refunded A1"
         await record_history(client, run.run_id, "version_missing_then_retried")
 
+    async def test_a_run_for_an_agent_no_worker_hosts_fails_at_the_pin_until_retried(
+        self, client: DurableClient
+    ) -> None:
+        """The pin (a local activity) fails, says what to do, and replays to the same snapshot."""
+        calls: list[str] = []
+        other = Agent(id="other", model=ScriptedModel(["hi"]), instructions="", tools=[])
+        refunder = AgentRegistration(approval_agent("v1", calls), version="1")
+
+        async with await DurableRuntime.open(
+            client=client, agents=[AgentRegistration(other, version="1")]
+        ) as rt:
+            await rt.resume()
+            run = await client.start_run("refunder", "refund A1")
+            failed = await wait_for_status(run, RunStatus.FAILED)
+        assert failed.error is not None
+        assert "agent 'refunder' is not registered on this worker" in failed.error
+        assert "Register it with DurableRuntime.register_agents" in failed.error
+        assert [e.type for e in failed.events] == ["run_failed"]
+
+        # A new worker replays the run from its history: the same snapshot.
+        async with await DurableRuntime.open(client=client, agents=[refunder]) as rt:
+            await rt.resume()
+            assert await run.snapshot() == failed
+            await run.retry()
+            snap = await wait_for_status(run, RunStatus.WAITING)
+            assert [e.type for e in snap.events][:3] == ["run_failed", "retried", "agent_pinned"]
+            await run.respond("approval:1:c1", APPROVE, responder="alice")
+            assert (await run.result()).output == "refunded A1"
+        assert calls == ["model v1", "tool A1", "model v1"]
+        await record_history(client, run.run_id, "failed_at_pin_then_retried")
+
 
 class TestRegistry:
     async def test_unregister_is_refused_while_a_run_needs_the_agent(

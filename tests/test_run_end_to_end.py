@@ -110,7 +110,10 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
         json.loads(e.user_metadata.summary.data)
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
+        or e.HasField("marker_recorded_event_attributes")
+        and e.user_metadata.HasField("summary")
     ]
+    # The pin is a local activity in the run's first workflow task (a marker).
     assert summaries == [
         "pin agent support",
         "model turn 1",
@@ -124,3 +127,4 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
     assert f"{run.run_id}/tool:2:c2" in SEEN_OPERATIONS
     await record_history(client, run.run_id, "completed_two_tool_turns")
     await record_history(client, run.run_id, "completed_version_published_at_pin")
+    await record_history(client, run.run_id, "completed_pinned_in_first_task")

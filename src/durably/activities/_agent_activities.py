@@ -204,6 +204,8 @@ class AgentActivities:
         turn costs the same at turn 500 as at turn 5.
         """
         cached = self.cache.transcript(run_id, base_length)
+        if cached is None and base_length == 0:
+            cached = [], EMPTY_DIGEST  # a run's first request: nothing to look up
         if cached is not None:
             messages, digest = cached
             for item in new:

@@ -30,11 +30,16 @@ rebuilds the transcript from its worker's cache or this workflow's
 
 Versioning discipline (once histories exist in the wild): any change to
 the commands this workflow issues, or their order, goes behind
-``if workflow.patched("durably-<what-changed>")``; when no run started
+``if self._patched("durably-<what-changed>")``; when no run started
 before the change can still be open, switch to
 ``workflow.deprecate_patch("durably-<what-changed>")`` and drop the old
 branch; one release later, drop the call. Each step gets a recorded history
 in ``tests/histories/`` that CI replays.
+
+Every patch costs a run a marker and a `TemporalChangeVersion` upsert (a
+billable action), so a run started by this code checks one patch,
+`_PATCHES_SO_FAR`, which stands for every patch before it; runs started
+earlier replay through the individual ones.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -51,8 +56,10 @@ from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUp
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
+    FailureError,
     is_cancelled_exception,
 )
+from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
@@ -118,6 +125,11 @@ _DETAIL_KEPT = 1_000
 # history limit (and no model reads that much at once).
 _MAX_CARRIED_TRANSCRIPT = 32 * 2**20
 _ARCHIVE_PATCH = "durably-archive-transcript-on-continue-as-new"
+# Also moves the pin into the run's first workflow task (a local activity):
+# a round trip and an activity fewer per run. It is checked before that
+# local activity runs: a patch marker recorded after a local activity's in
+# the same task does not replay.
+_PATCHES_SO_FAR = "durably-pin-in-first-task"
 # Crashed model requests (worker died, timed out) run again even without
 # model_retry: a model request has no side effect.
 _MODEL_CRASH_ATTEMPTS = 3
@@ -148,10 +160,15 @@ class AgentRunWorkflow:
         # counted toward continuing as new again.
         self._base_events = 0
         self._base_bytes = 0
+        self._current = False  # set first thing in run(): see _PATCHES_SO_FAR
+        # The time events get until the pin's workflow task ends: a local
+        # activity's completion moves `workflow.now()` differently on replay.
+        self._pin_clock: datetime | None = None
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult:
         s = self._s
+        self._current = workflow.patched(_PATCHES_SO_FAR)
         workflow.set_current_details(f"Starting a run of agent `{s.agent_id}`")
         self._publish()
         try:
@@ -160,7 +177,8 @@ class AgentRunWorkflow:
             if s.pin is None:
                 s.pin = await self._operation("pin", self._pin)
                 self._event("agent_pinned", detail=f"{s.pin.agent_id}@{s.pin.version}")
-                if workflow.patched("durably-publish-version-when-pinned"):
+                self._pin_clock = None
+                if self._patched("durably-publish-version-when-pinned"):
                     self._publish()  # DurablyAgentVersion, from the start of the run
                 self._append(UserMessage(content=s.input))
             pin = s.pin
@@ -168,7 +186,7 @@ class AgentRunWorkflow:
                 if self._history_nearly_full(pin):
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     carried = s
-                    if workflow.patched(_ARCHIVE_PATCH):
+                    if self._patched(_ARCHIVE_PATCH):
                         size = sum(encoded_size(m) for m in s.transcript)
                         if size > _MAX_CARRIED_TRANSCRIPT:
                             await self._park(
@@ -235,6 +253,10 @@ class AgentRunWorkflow:
             self._publish()
             raise
 
+    def _patched(self, patch_id: str) -> bool:
+        """`workflow.patched(patch_id)`, true without a marker for runs started by this code."""
+        return self._current or workflow.patched(patch_id)
+
     def _history_nearly_full(self, pin: AgentPin) -> bool:
         """Time to continue as new: the history is approaching Temporal's limits.
 
@@ -245,7 +267,7 @@ class AgentRunWorkflow:
         at once once the transcript neared the threshold.
         """
         info = workflow.info()
-        if not workflow.patched("durably-continue-as-new-near-history-limits"):
+        if not self._patched("durably-continue-as-new-near-history-limits"):
             return info.is_continue_as_new_suggested()
         return (
             info.get_current_history_length() - self._base_events >= pin.continue_as_new_events
@@ -452,15 +474,29 @@ class AgentRunWorkflow:
     async def _pin(self) -> AgentPin:
         s = self._s
         workflow.set_current_details(f"Resolving the registration of agent `{s.agent_id}`")
-        pin: AgentPin = await workflow.execute_activity(
-            ACTIVITY_PIN,
-            PinRequest(agent_id=s.agent_id, version=s.requested_version),
-            result_type=AgentPin,
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=3),
-            activity_id="pin",
-            summary=f"pin agent {s.agent_id}",
-        )
+        request = PinRequest(agent_id=s.agent_id, version=s.requested_version)
+        pin: AgentPin
+        if self._current:
+            self._pin_clock = workflow.now()
+            pin = await workflow.execute_local_activity(
+                ACTIVITY_PIN,
+                request,
+                result_type=AgentPin,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                activity_id="pin",
+                summary=f"pin agent {s.agent_id}",
+            )
+        else:
+            pin = await workflow.execute_activity(
+                ACTIVITY_PIN,
+                request,
+                result_type=AgentPin,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                activity_id="pin",
+                summary=f"pin agent {s.agent_id}",
+            )
         return pin
 
     async def _model(self, turn: int) -> ModelCallResult:
@@ -560,7 +596,13 @@ class AgentRunWorkflow:
         while True:
             try:
                 result = await op()
-            except ActivityError as err:
+            # A local activity (the pin) fails with its own error, not an ActivityError.
+            except (
+                ActivityError,
+                ApplicationError,
+                ActivityTimeoutError,
+                TemporalCancelledError,
+            ) as err:
                 if is_cancelled_exception(err):
                     # The run was cancelled while this activity ran; it has stopped.
                     raise asyncio.CancelledError() from err
@@ -574,13 +616,13 @@ class AgentRunWorkflow:
             # An operation that completes while the run is being cancelled hands back its
             # result and erases the cancellation (WAIT_CANCELLATION_COMPLETED).
             cancelled = workflow.cancellation_reason() is not None
-            if cancelled and workflow.patched("durably-cancel-after-completed-operation"):
+            if cancelled and self._patched("durably-cancel-after-completed-operation"):
                 raise asyncio.CancelledError()
             return result
 
-    def _classify(self, key: str, err: ActivityError) -> tuple[RunStatus, Attention | None]:
+    def _classify(self, key: str, err: FailureError) -> tuple[RunStatus, Attention | None]:
         """Which status a failed operation leaves the run in."""
-        cause = err.cause
+        cause = _cause(err)
         if isinstance(cause, ApplicationError) and cause.details:
             detail = cause.details[0]
             if isinstance(detail, dict) and detail.get("reason") in (
@@ -632,6 +674,7 @@ class AgentRunWorkflow:
         self._publish()
         self._decision = None
         await workflow.wait_condition(lambda: self._decision is not None)
+        self._pin_clock = None
         decision = self._decision
         assert decision is not None
         self._decision = None
@@ -671,7 +714,11 @@ class AgentRunWorkflow:
             detail = f"{detail[:_DETAIL_KEPT]}... ({len(detail)} characters)"
         s.events.append(
             RunEvent(
-                seq=s.event_seq, at=workflow.now(), type=type, operation=operation, detail=detail
+                seq=s.event_seq,
+                at=self._pin_clock or workflow.now(),
+                type=type,
+                operation=operation,
+                detail=detail,
             )
         )
         del s.events[:-_EVENTS_KEPT]
@@ -732,8 +779,13 @@ def _retry_policy(spec: RetrySpec) -> RetryPolicy:
     )
 
 
-def _describe(err: ActivityError) -> str:
-    cause = err.cause
+def _cause(err: FailureError) -> BaseException | None:
+    """What made an operation fail: an activity's cause, or a local activity's own error."""
+    return err.cause if isinstance(err, ActivityError) else err
+
+
+def _describe(err: FailureError) -> str:
+    cause = _cause(err)
     if isinstance(cause, ActivityTimeoutError):
         return f"activity timed out ({cause.type.name if cause.type else 'unknown'})"
     if cause is not None:
