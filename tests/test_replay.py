@@ -8,11 +8,13 @@ those runs in production fails here: guard it with `workflow.patched()`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from durably.workflows import AgentRunWorkflow
 
@@ -26,8 +28,56 @@ def test_histories_are_recorded() -> None:
     assert len(HISTORIES) >= 5, sorted(HISTORIES)
 
 
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["as-deployed", "in-sandbox"])
 @pytest.mark.parametrize("name", sorted(HISTORIES))
-async def test_recorded_history_replays(name: str) -> None:
+async def test_recorded_history_replays(name: str, sandboxed: bool) -> None:
+    """Each history replays as workers run it (unsandboxed), and inside Temporal's sandbox.
+
+    The sandbox pass is what catches workflow code that reaches for a clock,
+    randomness or I/O: the workflow skips the sandbox in production only
+    because re-importing it for every run cost a quarter of each workflow task.
+    """
     history = WorkflowHistory.from_json(name, HISTORIES[name])
-    replayer = Replayer(workflows=[AgentRunWorkflow], data_converter=pydantic_data_converter)
+    runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
+    replayer = Replayer(
+        workflows=[AgentRunWorkflow],
+        data_converter=pydantic_data_converter,
+        unsandboxed_workflow_runner=runner,
+    )
     await replayer.replay_workflow(history)
+
+
+async def test_a_clock_read_in_the_workflow_fails_the_sandboxed_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandbox pass above can fail: a wall-clock read in the workflow module is caught."""
+    leaky_module = _leaky_workflow_module(tmp_path, monkeypatch)
+    name = "completed_pinned_in_first_task"
+    history = WorkflowHistory.from_json(name, HISTORIES[name])
+
+    unsandboxed = Replayer(
+        workflows=[leaky_module.AgentRunWorkflow], data_converter=pydantic_data_converter
+    )
+    await unsandboxed.replay_workflow(history)  # nothing stops it here
+    sandboxed = Replayer(
+        workflows=[leaky_module.AgentRunWorkflow],
+        data_converter=pydantic_data_converter,
+        unsandboxed_workflow_runner=SandboxedWorkflowRunner(),
+    )
+    with pytest.raises(Exception, match="datetime"):
+        await sandboxed.replay_workflow(history)
+
+
+def _leaky_workflow_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A copy of the workflow module that reads the wall clock in its first task."""
+    import importlib
+
+    import durably.workflows.agent_run as module
+
+    source = Path(module.__file__).read_text()
+    clean = "    return workflow.info().typed_search_attributes.get(key)\n"
+    assert clean in source
+    leaky = "    datetime.now()\n" + clean
+    (tmp_path / "leaky_agent_run.py").write_text(source.replace(clean, leaky))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module("leaky_agent_run")

@@ -110,8 +110,7 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
         json.loads(e.user_metadata.summary.data)
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
-        or e.HasField("marker_recorded_event_attributes")
-        and e.user_metadata.HasField("summary")
+        or (e.HasField("marker_recorded_event_attributes") and e.user_metadata.HasField("summary"))
     ]
     # The pin is a local activity in the run's first workflow task (a marker).
     assert summaries == [
