@@ -23,6 +23,7 @@ import ctypes
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -122,6 +123,13 @@ class DevServer:
         """The full `temporal server start-dev` command line."""
         args = [binary, "server", "start-dev", "--db-filename", str(self.db)]
         args += ["--ip", self.ip, "--port", str(self.port), "--ui-port", str(self.ui_port)]
+        # Left to itself the server picks these at random among free ports,
+        # and its own gRPC port is free until it binds it: pick them here.
+        taken = {self.port, self.ui_port}
+        for flag in ("--http-port", "--metrics-port"):
+            chosen = _free_port(self.ip, taken)
+            taken.add(chosen)
+            args += [flag, str(chosen)]
         for key in SEARCH_ATTRIBUTES:
             args += ["--search-attribute", f"{key.name}=Keyword"]
         for value in _DYNAMIC_CONFIG:
@@ -252,6 +260,16 @@ class DevServer:
             return f"Its log ({self.log_path}) could not be read."
         tail = "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty)"
         return f"Last lines of its log ({self.log_path}):\n{tail}"
+
+
+def _free_port(host: str, taken: set[int]) -> int:
+    """A port the OS calls free on `host`, other than those in `taken`."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 async def _accepts(host: str, port: int) -> bool:
