@@ -482,28 +482,19 @@ class AgentRunWorkflow:
         s = self._s
         workflow.set_current_details(f"Resolving the registration of agent `{s.agent_id}`")
         request = PinRequest(agent_id=s.agent_id, version=s.requested_version)
-        pin: AgentPin
-        if self._current:
+        execute: Callable[..., Awaitable[Any]] = workflow.execute_activity
+        if self._current:  # in this workflow task, as a local activity
             self._pin_clock = workflow.now()
-            pin = await workflow.execute_local_activity(
-                ACTIVITY_PIN,
-                request,
-                result_type=AgentPin,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=3),
-                activity_id="pin",
-                summary=f"pin agent {s.agent_id}",
-            )
-        else:
-            pin = await workflow.execute_activity(
-                ACTIVITY_PIN,
-                request,
-                result_type=AgentPin,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=3),
-                activity_id="pin",
-                summary=f"pin agent {s.agent_id}",
-            )
+            execute = workflow.execute_local_activity
+        pin: AgentPin = await execute(
+            ACTIVITY_PIN,
+            request,
+            result_type=AgentPin,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+            activity_id="pin",
+            summary=f"pin agent {s.agent_id}",
+        )
         return pin
 
     async def _model(self, turn: int) -> ModelCallResult:
