@@ -1154,7 +1154,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Plan, bool]:
     parser.add_argument(
         "--concurrency", type=int, nargs="*", help="concurrent runs to time (default 20 50)"
     )
-    parser.add_argument("--concurrency-rounds", type=int, help="rounds per level (default 3)")
+    parser.add_argument("--concurrency-rounds", type=int, help="rounds per level (default 5)")
     parser.add_argument(
         "--extra-turns",
         type=int,
@@ -1181,7 +1181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Plan, bool]:
             if args.concurrency is not None
             else ([20] if args.quick else [] if args.only or args.turns else [20, 50])
         ),
-        concurrency_rounds=args.concurrency_rounds or (1 if args.quick else 3),
+        concurrency_rounds=args.concurrency_rounds or (1 if args.quick else 5),
         concurrent_turns=5,
         extra_turns=(args.extra_turns if args.extra_turns is not None else ([500] if full else [])),
         extra_runs=3,
