@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 from pydantic import BaseModel
@@ -16,14 +17,16 @@ from durably import (
     DurableRuntime,
     FunctionModel,
     ModelRequest,
+    RunHandle,
     RunStatus,
     ToolContext,
     tool,
 )
 from durably.activities import TranscriptCache
 from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
+from durably.tools import question_tool
 
-from .conftest import record_history
+from .conftest import eventually, record_history
 
 TURNS = 12
 
@@ -164,3 +167,81 @@ async def test_a_transcript_larger_than_a_payload_survives_continue_as_new(
         assert len(chain) >= 3, chain
         # What continue-as-new carries stays small however long the transcript gets.
         assert all(size < 100_000 for _, size in chain), chain
+
+
+QUESTIONS = 10
+LONG_ANSWER = 400_000  # ten of these are 4 MB of answers: past the payload limit
+
+
+async def test_long_answers_to_many_questions_survive_continue_as_new(
+    env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """Accepted answers are kept for repeated responses, but not all carried across runs.
+
+    Carried whole, 4 MB of answers would exceed the 2 MB continue-as-new
+    payload limit and fail every workflow task; a repeat of the latest
+    answer is still recognised after continuing as new.
+    """
+    heard: list[int] = []
+
+    def model(request: ModelRequest) -> AssistantMessage:
+        answers = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        heard.append(len(answers))
+        assert all(len(a.content) == LONG_ANSWER for a in answers)
+        if len(answers) < QUESTIONS:
+            n = len(answers)
+            return AssistantMessage(
+                tool_calls=(ToolCall(id=f"q{n}", name="ask", arguments={"question": f"{n}?"}),)
+            )
+        return AssistantMessage(content=f"heard {len(answers)} answers")
+
+    ask = question_tool(name="ask", description="Ask the operator.")
+    agent = Agent(id="asker", model=FunctionModel(model), instructions="", tools=[ask])
+    client = DurableClient(env.client, task_queue=task_queue)
+    registration = AgentRegistration(agent, version="1", continue_as_new_events=40)
+    async with await DurableRuntime.open(client=client, agents=[registration]) as runtime:
+        await runtime.resume()
+        run = await client.start_run("asker", "ask away")
+        responses: dict[str, dict[str, str]] = {}
+        for n in range(QUESTIONS):
+            interaction = f"question:{n + 1}:q{n}"
+            await eventually(partial(_waiting_on, run, interaction))
+            responses[interaction] = {"type": "question", "answer": f"{n}".ljust(LONG_ANSWER)}
+            await run.respond(interaction, responses[interaction], responder="op")
+        async with asyncio.timeout(60):
+            result = await run.result()
+
+    assert result.output == f"heard {QUESTIONS} answers"
+    assert heard == list(range(QUESTIONS + 1))
+    chain = await _chain(env, run.run_id)
+    assert len(chain) >= 3, chain
+    assert all(size < 1_000_000 for _, size in chain), chain
+
+
+async def _waiting_on(run: RunHandle, interaction: str) -> bool:
+    snap = await run.snapshot()
+    return (
+        snap.status == RunStatus.WAITING
+        and snap.outcome is not None
+        and snap.outcome["interaction"]["id"] == interaction
+    )
+
+
+def test_continue_as_new_carries_the_newest_answers_within_bounds() -> None:
+    """The newest 100 answers, in order, and never more than 256 KiB of them."""
+    from durably.contract import RespondAccepted
+    from durably.workflows.agent_run import _latest_answers
+
+    def answers(count: int, size: int) -> dict[str, RespondAccepted]:
+        return {
+            f"question:{n}:q": RespondAccepted(
+                interaction_id=f"question:{n}:q", type="question", answer="x" * size
+            )
+            for n in range(count)
+        }
+
+    short = _latest_answers(answers(150, 10))
+    assert list(short) == [f"question:{n}:q" for n in range(50, 150)]
+    long = _latest_answers(answers(10, 100_000))
+    assert list(long) == ["question:8:q", "question:9:q"]
+    assert _latest_answers(answers(3, 300_000)) == {}

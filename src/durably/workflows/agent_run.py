@@ -132,6 +132,12 @@ _DETAIL_KEPT = 1_000
 # history limit (and no model reads that much at once).
 _MAX_CARRIED_TRANSCRIPT = 32 * 2**20
 _ARCHIVE_PATCH = "durably-archive-transcript-on-continue-as-new"
+# What else continue-as-new carries, bounded: the answers a repeated response
+# can still match (older repeats are rejected as unknown; the answers
+# themselves stay in the transcript), and inline messages of the last turn.
+_ANSWERS_CARRIED = 100
+_ANSWERS_CARRIED_BYTES = 256 * 2**10
+_DELTA_CARRIED = 64 * 2**10
 # Also moves the pin into the run's first workflow task (a local activity):
 # a round trip and an activity fewer per run. It is checked before that
 # local activity runs: a patch marker recorded after a local activity's in
@@ -154,6 +160,8 @@ class AgentRunWorkflow:
             requested_version=input.version,
             digest=EMPTY_DIGEST,
         )
+        if not self._s.input:  # carried without it: see _archived()
+            self._s.input = input.input
         self._run_id = workflow.info().workflow_id
         # What an operator decided for the parked operation: a resolution, or
         # "retry" (None while nothing was decided).
@@ -282,22 +290,32 @@ class AgentRunWorkflow:
         )
 
     def _archived(self) -> RunState:
-        """The state to continue as new with: the transcript stays in this run's history."""
+        """The state to continue as new with, of a bounded size however long the run.
+
+        The transcript stays in this run's history; the run's input travels
+        once, as `RunInput.input`; only the latest answers are carried.
+        """
         s = self._s
+        base_length, new = s.sent_length, self._unsent()
+        if sum(encoded_size(m) for m in new if not isinstance(m, MessageRef)) > _DELTA_CARRIED:
+            # Long answers since the last request: restore by query, not from a cache.
+            base_length, new = len(s.transcript), []
         archive = TranscriptArchive(
             run_id=workflow.info().run_id,
             length=len(s.transcript),
             digest=s.digest,
-            base_length=s.sent_length,
-            new=self._unsent(),
+            base_length=base_length,
+            new=new,
         )
         # The restored transcript is whole: the next request sends only what follows it.
         return s.model_copy(
             update={
+                "input": "",
                 "transcript": [],
                 "archive": archive,
                 "sent_length": len(s.transcript),
                 "refs": {},
+                "answered": _latest_answers(s.answered),
             }
         )
 
@@ -789,6 +807,18 @@ def _describe(err: FailureError) -> str:
     if cause is not None:
         return str(cause.message if hasattr(cause, "message") else cause)
     return str(err)
+
+
+def _latest_answers(answered: dict[str, RespondAccepted]) -> dict[str, RespondAccepted]:
+    """The newest accepted responses that fit what continue-as-new carries."""
+    kept: list[tuple[str, RespondAccepted]] = []
+    size = 0
+    for iid, accepted in reversed(answered.items()):
+        size += len(accepted.model_dump_json())
+        if len(kept) == _ANSWERS_CARRIED or size > _ANSWERS_CARRIED_BYTES:
+            break
+        kept.append((iid, accepted))
+    return dict(reversed(kept))
 
 
 def _transcript_too_large(size: int) -> str:
