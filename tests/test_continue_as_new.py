@@ -23,6 +23,7 @@ from durably import (
     tool,
 )
 from durably.activities import TranscriptCache
+from durably.contract import RespondAccepted
 from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
 from durably.tools import question_tool
 
@@ -229,7 +230,6 @@ async def _waiting_on(run: RunHandle, interaction: str) -> bool:
 
 def test_continue_as_new_carries_the_newest_answers_within_bounds() -> None:
     """The newest 100 answers, in order, and never more than 256 KiB of them."""
-    from durably.contract import RespondAccepted
     from durably.workflows.agent_run import _latest_answers
 
     def answers(count: int, size: int) -> dict[str, RespondAccepted]:
@@ -245,3 +245,55 @@ def test_continue_as_new_carries_the_newest_answers_within_bounds() -> None:
     long = _latest_answers(answers(10, 100_000))
     assert list(long) == ["question:8:q", "question:9:q"]
     assert _latest_answers(answers(3, 300_000)) == {}
+
+
+APPROVALS = 8
+
+
+async def test_a_repeated_approval_after_continue_as_new_returns_the_original_acceptance(
+    env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """The newest answers cross continue-as-new, so a client's retry is still harmless."""
+    done: list[int] = []
+
+    @tool(requires_approval=True)
+    async def step(args: Note, ctx: ToolContext) -> str:
+        """Take a step that needs approval."""
+        done.append(args.n)
+        return f"step {args.n}"
+
+    def model(request: ModelRequest) -> AssistantMessage:
+        n = sum(isinstance(m, ToolResultMessage) for m in request.messages)
+        if n < APPROVALS:
+            return AssistantMessage(
+                tool_calls=(ToolCall(id=f"s{n}", name="step", arguments={"n": n}),)
+            )
+        return AssistantMessage(content=f"took {n} steps")
+
+    agent = Agent(id="stepper", model=FunctionModel(model), instructions="", tools=[step])
+    client = DurableClient(env.client, task_queue=task_queue)
+    registration = AgentRegistration(
+        agent, version="1", tool_recovery={"step": "safe"}, continue_as_new_events=40
+    )
+    approve = {"type": "tool-approval", "approved": True}
+    repeated = 0
+    async with await DurableRuntime.open(client=client, agents=[registration]) as runtime:
+        await runtime.resume()
+        run = await client.start_run("stepper", "step through")
+        handle = env.client.get_workflow_handle(run.run_id)
+        previous: tuple[str, str, RespondAccepted] | None = None  # interaction, run, acceptance
+        for n in range(APPROVALS):
+            interaction = f"approval:{n + 1}:s{n}"
+            await eventually(partial(_waiting_on, run, interaction))
+            temporal_run = (await handle.describe()).run_id
+            if previous is not None and previous[1] != temporal_run:
+                # The run continued as new since `previous` was accepted: repeat it.
+                assert await run.respond(previous[0], approve, responder="op") == previous[2]
+                repeated += 1
+            accepted = await run.respond(interaction, approve, responder="op")
+            previous = (interaction, temporal_run, accepted)
+        result = await run.result()
+
+    assert result.output == f"took {APPROVALS} steps"
+    assert done == list(range(APPROVALS))  # each step ran once
+    assert repeated >= 1
