@@ -19,6 +19,7 @@ from durably import (
     ModelRequest,
     RunHandle,
     RunStatus,
+    ScriptedModel,
     ToolContext,
     tool,
 )
@@ -297,3 +298,41 @@ async def test_a_repeated_approval_after_continue_as_new_returns_the_original_ac
     assert result.output == f"took {APPROVALS} steps"
     assert done == list(range(APPROVALS))  # each step ran once
     assert repeated >= 1
+
+
+async def test_restoring_from_a_previous_run_that_is_gone_fails_with_what_to_do(
+    env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """A previous run past the namespace's retention cannot be restored: say so, never retry."""
+    import dataclasses
+    import uuid
+
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    from durably.activities import AgentActivities, ErrorType
+    from durably.contract import TranscriptArchive, TranscriptRestoreRequest
+    from durably.registry import AgentRegistry
+
+    quick = Agent(id="quick", model=ScriptedModel(["done"]), instructions="", tools=[])
+    client = DurableClient(env.client, task_queue=task_queue)
+    registration = AgentRegistration(quick, version="1")
+    async with await DurableRuntime.open(client=client, agents=[registration]) as runtime:
+        await runtime.resume()
+        run = await client.start_run("quick", "go")  # a workflow whose other run is gone
+        await run.result()
+
+    activities = AgentActivities(AgentRegistry(), cache=TranscriptCache(max_runs=0))
+    activity_env = ActivityEnvironment(client=env.client)
+    activity_env.info = dataclasses.replace(activity_env.info, workflow_id=run.run_id)
+    gone = TranscriptArchive(
+        run_id=str(uuid.uuid4()), length=3, digest="0" * 64, base_length=3, new=[]
+    )
+    with pytest.raises(ApplicationError) as raised:
+        await activity_env.run(
+            activities.restore_transcript, TranscriptRestoreRequest(archive=gone, offset=0)
+        )
+    assert raised.value.type == ErrorType.TRANSCRIPT_LOST
+    assert raised.value.non_retryable
+    assert "outlived the namespace's retention" in raised.value.message
+    assert "Cancel this run and start a new one" in raised.value.message
