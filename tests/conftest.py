@@ -27,6 +27,7 @@ from durably import (
     RunStatus,
 )
 from durably.contract import SEARCH_ATTRIBUTES
+from durably.dev import DevServer
 
 BIN = Path(sys.executable).parent
 
@@ -208,3 +209,29 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+@pytest.fixture
+def dev_server(tmp_path: Path) -> DevServer:
+    """A dev server persisted to a SQLite file in `tmp_path`, not started yet."""
+    port, ui_port = free_ports(2)
+    return DevServer(db=tmp_path / "t.db", port=port, ui_port=ui_port)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    server: DevServer, agents: Sequence[AgentRegistration], task_queue: str
+) -> AsyncIterator[DurableClient]:
+    """`server` started with a worker hosting `agents`; both stopped on leaving.
+
+    Entered twice on one server, it is a server restart: the second time
+    reads the same SQLite file.
+    """
+    await server.start()
+    try:
+        client = DurableClient(server.client, task_queue=task_queue)
+        async with await DurableRuntime.open(client=client, agents=agents) as runtime:
+            await runtime.resume()
+            yield client
+    finally:
+        await server.stop()

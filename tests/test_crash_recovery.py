@@ -27,7 +27,6 @@ from durably import (
     Agent,
     AgentRegistration,
     DurableClient,
-    DurableRuntime,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -37,7 +36,7 @@ from durably.contract import SA_STATUS
 from durably.dev import DevServer
 from durably.models import tool_call
 
-from .conftest import free_ports, search_attribute, wait_for_status
+from .conftest import search_attribute, serving, wait_for_status
 from .crash_agents import HEARTBEAT, Ticket, TicketId
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,7 +255,7 @@ class TestCommittedResults:
 
 class TestServerRestart:
     async def test_a_needs_attention_run_survives_a_dev_server_restart(
-        self, tmp_path: Path
+        self, dev_server: DevServer
     ) -> None:
         ran: list[str] = []
 
@@ -272,32 +271,17 @@ class TestServerRestart:
             instructions="",
             tools=[create_ticket],
         )
-        registration = AgentRegistration(agent, version="1")
-        port, ui_port = free_ports(2)
-        server = DevServer(db=tmp_path / "temporal.db", port=port, ui_port=ui_port)
+        agents = [AgentRegistration(agent, version="1")]
 
-        await server.start()
-        try:
-            client = DurableClient(server.client, task_queue="restart")
-            async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
-                await rt.resume()
-                run = await client.start_run("desk", "file it")
-                before = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
-        finally:
-            await server.stop()
-
-        await server.start()
-        try:
-            client = DurableClient(server.client, task_queue="restart")
-            async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
-                await rt.resume()
-                run = await client.get_run(run.run_id)
-                after = await run.snapshot()
-                assert after == before
-                await run.resolve_tool("tool:1:c1", {"type": "error", "message": "not created"})
-                result = await run.result()
-        finally:
-            await server.stop()
+        async with serving(dev_server, agents, "restart") as client:
+            run = await client.start_run("desk", "file it")
+            before = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        async with serving(dev_server, agents, "restart") as client:
+            run = await client.get_run(run.run_id)
+            after = await run.snapshot()
+            assert after == before
+            await run.resolve_tool("tool:1:c1", {"type": "error", "message": "not created"})
+            result = await run.result()
 
         assert result.output == "filed"
         assert ran == [f"{run.run_id}/tool:1:c1"]

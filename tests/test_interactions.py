@@ -9,7 +9,6 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
@@ -42,10 +41,10 @@ from .conftest import (
     Runtimes,
     binary,
     eventually,
-    free_ports,
     history_length,
     record_history,
     search_attribute,
+    serving,
     wait_for_status,
 )
 
@@ -336,32 +335,20 @@ class TestRestarts:
             await run.result()
         assert len(refunds.made) == 1
 
-    async def test_a_dev_server_restart_keeps_the_interaction_pending(self, tmp_path: Path) -> None:
+    async def test_a_dev_server_restart_keeps_the_interaction_pending(
+        self, dev_server: DevServer
+    ) -> None:
         refunds = Refunds()
-        registration = refunds.registration()
-        port, ui_port = free_ports(2)
-        server = DevServer(db=tmp_path / "t.db", port=port, ui_port=ui_port)
-        await server.start()
-        try:
-            client = DurableClient(server.client, task_queue="restart")
-            async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
-                await rt.resume()
-                run = await client.start_run("refunder", "refund A1")
-                before = await wait_for_status(run, RunStatus.WAITING)
-        finally:
-            await server.stop()
-        await server.start()
-        try:
-            client = DurableClient(server.client, task_queue="restart")
-            async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
-                await rt.resume()
-                run = await client.get_run(run.run_id)
-                assert await run.snapshot() == before
-                assert refunds.made == []
-                await run.respond("approval:1:c1", APPROVE, responder="frank")
-                await run.result()
-        finally:
-            await server.stop()
+        agents = [refunds.registration()]
+        async with serving(dev_server, agents, "restart") as client:
+            run = await client.start_run("refunder", "refund A1")
+            before = await wait_for_status(run, RunStatus.WAITING)
+        async with serving(dev_server, agents, "restart") as client:
+            run = await client.get_run(run.run_id)
+            assert await run.snapshot() == before
+            assert refunds.made == []
+            await run.respond("approval:1:c1", APPROVE, responder="frank")
+            await run.result()
         assert len(refunds.made) == 1
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
@@ -30,7 +29,7 @@ from durably.dev import DevServer
 from durably.messages import AssistantMessage, ToolCall
 from durably.models import ModelErrorVerdict, last_tool_results
 
-from .conftest import Runtimes, eventually, free_ports, record_history, wait_for_status
+from .conftest import Runtimes, eventually, record_history, serving, wait_for_status
 
 
 class Overloaded(Exception):
@@ -127,36 +126,22 @@ class TestModelRetry:
         assert 6.5 <= waited <= 12, waited
 
 
-async def test_a_retry_wait_survives_a_dev_server_restart(tmp_path: Path) -> None:
+async def test_a_retry_wait_survives_a_dev_server_restart(dev_server: DevServer) -> None:
     attempts: list[tuple[int, float]] = []
     agent = Agent(id="flaky", model=flaky_model(1, attempts), instructions="")
     retry = ModelRetry(max_attempts=2, initial_delay_ms=12_000, max_delay_ms=12_000)
-    registration = AgentRegistration(agent, version="1", model_retry=retry)
-    port, ui_port = free_ports(2)
-    server = DevServer(db=tmp_path / "t.db", port=port, ui_port=ui_port)
+    agents = [AgentRegistration(agent, version="1", model_retry=retry)]
 
-    await server.start()
-    try:
-        client = DurableClient(server.client, task_queue="retry-restart")
-        async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
-            await rt.resume()
-            run = await client.start_run("flaky", "hello")
-            before = await wait_for_status(run, RunStatus.RETRY_WAIT)
-    finally:
-        await server.stop()
+    async with serving(dev_server, agents, "retry-restart") as client:
+        run = await client.start_run("flaky", "hello")
+        before = await wait_for_status(run, RunStatus.RETRY_WAIT)
     restarted_at = time.monotonic()
-    await server.start()
-    try:
-        client = DurableClient(server.client, task_queue="retry-restart")
-        async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
-            await rt.resume()
-            run = await client.get_run(run.run_id)
-            after = await run.snapshot()
-            assert after.status == RunStatus.RETRY_WAIT
-            assert after.next_attempt_at == before.next_attempt_at
-            result = await asyncio.wait_for(run.result(), 60)
-    finally:
-        await server.stop()
+    async with serving(dev_server, agents, "retry-restart") as client:
+        run = await client.get_run(run.run_id)
+        after = await run.snapshot()
+        assert after.status == RunStatus.RETRY_WAIT
+        assert after.next_attempt_at == before.next_attempt_at
+        result = await asyncio.wait_for(run.result(), 60)
 
     assert result.output == "answered on attempt 2"
     assert [a for a, _ in attempts] == [1, 2]
