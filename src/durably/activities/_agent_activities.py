@@ -201,11 +201,14 @@ class AgentActivities:
         """The full transcript from the cache, or from the workflow (`fetch`) on a miss.
 
         On a hit only the new messages are hashed onto the cached digest, so a
-        turn costs the same at turn 500 as at turn 5.
+        turn costs the same at turn 500 as at turn 5. A cache already holding
+        the whole transcript (a retried attempt; a restore after the last
+        turn ran here) is used as it is.
         """
+        whole = self.cache.transcript(run_id, base_length + len(new))
+        if whole is not None and whole[1] == expected_digest:
+            return whole[0]
         cached = self.cache.transcript(run_id, base_length)
-        if cached is None and base_length == 0:
-            cached = [], EMPTY_DIGEST  # a run's first request: nothing to look up
         if cached is not None:
             messages, digest = cached
             for item in new:
@@ -253,9 +256,6 @@ class AgentActivities:
         """
         run_id = _run_id()
         archive = request.archive
-        cached = self.cache.transcript(run_id, archive.length)
-        if cached is not None and cached[1] == archive.digest:
-            return transcript_page(cached[0], request.offset)
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
             messages = await self._rebuild(
                 run_id,

@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from durably._digests import EMPTY_DIGEST
 from durably.messages import Message
 
 __all__ = ["TranscriptCache"]
@@ -60,8 +61,11 @@ class TranscriptCache:
     def transcript(self, run_id: str, length: int) -> tuple[list[Message], str] | None:
         """The cached transcript and its digest, if it is exactly `length` messages long.
 
-        The caller proves it is the run's own with the workflow's digest.
+        The caller proves it is the run's own with the workflow's digest. Every
+        run's empty transcript is known: a run's first request needs no lookup.
         """
+        if length == 0:
+            return [], EMPTY_DIGEST
         with self._lock:
             entry = self._runs.get(run_id)
             if entry is None or len(entry.messages) != length:
