@@ -199,21 +199,8 @@ class AgentRunWorkflow:
             pin = s.pin
             while True:
                 if self._history_nearly_full(pin):
-                    await workflow.wait_condition(workflow.all_handlers_finished)
-                    carried = s
-                    if self._patched(_ARCHIVE_PATCH):
-                        size = sum(encoded_size(m) for m in s.transcript)
-                        if size > _MAX_CARRIED_TRANSCRIPT:
-                            await self._park(
-                                RunStatus.FAILED,
-                                error=_transcript_too_large(size),
-                                retryable=False,
-                            )
-                            continue
-                        carried = self._archived()
-                    workflow.continue_as_new(
-                        RunInput(agent_id=s.agent_id, input=s.input, carried=carried)
-                    )
+                    await self._continue_as_new()
+                    continue  # it could not: the run was parked, then decided on
                 turn = s.turns + 1
                 if turn > pin.max_turns:
                     await self._park(
@@ -278,8 +265,8 @@ class AgentRunWorkflow:
         Runs started before the patch followed the server's suggestion (from
         4,000 events by default), which copied the transcript into a new run
         far earlier than needed. What a run spent restoring its predecessor's
-        transcript does not count: it would otherwise continue as new again
-        at once once the transcript neared the threshold.
+        transcript does not count: otherwise, once the transcript neared the
+        threshold, every run would continue as new again at once.
         """
         info = workflow.info()
         if not self._patched("durably-continue-as-new-near-history-limits"):
@@ -288,6 +275,21 @@ class AgentRunWorkflow:
             info.get_current_history_length() - self._base_events >= pin.continue_as_new_events
             or info.get_current_history_size() - self._base_bytes >= pin.continue_as_new_bytes
         )
+
+    async def _continue_as_new(self) -> None:
+        """Continue as new (this never returns), unless the transcript is too large to carry."""
+        s = self._s
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        carried = s
+        if self._patched(_ARCHIVE_PATCH):
+            size = sum(encoded_size(m) for m in s.transcript)
+            if size > _MAX_CARRIED_TRANSCRIPT:
+                await self._park(
+                    RunStatus.FAILED, error=_transcript_too_large(size), retryable=False
+                )
+                return
+            carried = self._archived()
+        workflow.continue_as_new(RunInput(agent_id=s.agent_id, input=s.input, carried=carried))
 
     def _archived(self) -> RunState:
         """The state to continue as new with, of a bounded size however long the run.
