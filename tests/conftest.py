@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -26,6 +27,7 @@ from durably import (
     RunSnapshot,
     RunStatus,
 )
+from durably.activities import TranscriptCache
 from durably.contract import SEARCH_ATTRIBUTES
 from durably.dev import DevServer
 
@@ -78,8 +80,13 @@ class Runtimes:
         self.client = client
         self.opened: list[DurableRuntime] = []
 
-    async def start(self, agents: Sequence[AgentRegistration]) -> DurableRuntime:
+    async def start(
+        self, agents: Sequence[AgentRegistration], *, cache: TranscriptCache | None = None
+    ) -> DurableRuntime:
+        """A resumed runtime hosting `agents` (with its transcript cache replaced by `cache`)."""
         runtime = await DurableRuntime.open(client=self.client, agents=agents)
+        if cache is not None:
+            runtime.plugin.agent_activities.cache = cache
         await runtime.resume()
         self.opened.append(runtime)
         return runtime
@@ -235,3 +242,31 @@ async def serving(
             yield client
     finally:
         await server.stop()
+
+
+async def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A command (`temporal`, `durably`) run to its end (within 60 s), output captured,
+    200 columns wide."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**(os.environ if env is None else env), "COLUMNS": "200"},
+    )
+
+
+async def wait_for_interaction(
+    run: RunHandle, interaction_id: str, within: float = 30
+) -> RunSnapshot:
+    """The run's snapshot once it waits on `interaction_id` (not merely on some interaction)."""
+    async with asyncio.timeout(within):
+        while True:
+            with contextlib.suppress(RPCError):
+                snap = await run.snapshot()
+                pending = (snap.outcome or {}).get("interaction") or {}
+                if snap.status == RunStatus.WAITING and pending.get("id") == interaction_id:
+                    return snap
+            await asyncio.sleep(0.05)

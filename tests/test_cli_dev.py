@@ -26,7 +26,7 @@ from durably import DurableClient, RunStatus, ToolContext
 from durably.dev import DevServer
 from durably.examples.support_desk import AGENT_ID, TicketArgs, create_ticket
 
-from .conftest import binary, free_ports
+from .conftest import binary, cli, eventually, free_ports
 
 STARTUP = 120.0
 SHUTDOWN = 30.0
@@ -133,13 +133,7 @@ class DurablyDev:
 
 
 async def durably_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    proc = await asyncio.create_subprocess_exec(
-        binary("durably"), *args,
-        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return subprocess.CompletedProcess(args, proc.returncode, out.decode(), err.decode())
+    return await cli(binary("durably"), *args, env=clean_env())
 
 
 async def connect(port: int) -> DurableClient:
@@ -213,12 +207,16 @@ async def test_dev_rerun_reuses_the_database_and_finishes_unfinished_runs(
 
         expected = {demo_run: "completed", pending.run_id: "completed"}
         statuses: dict[str, str] = {}
-        deadline = asyncio.get_running_loop().time() + 30
-        while statuses != expected and asyncio.get_running_loop().time() < deadline:
-            # Visibility is eventually consistent: poll until the last upsert shows.
+
+        async def listed_as_expected() -> bool:  # visibility trails the last upsert
+            nonlocal statuses
             listed = await durably_cli("runs", "list", "--json", "--target", f"127.0.0.1:{port}")
             assert listed.returncode == 0, listed.stderr
             statuses = {r["run_id"]: r["status"] for r in json.loads(listed.stdout)}
+            return statuses == expected
+
+        with contextlib.suppress(TimeoutError):
+            await eventually(listed_as_expected)
         assert statuses == expected
 
         assert await second.ctrl_c() == 0, second.output

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import subprocess
 import sys
 
@@ -22,7 +20,7 @@ from durably import (
 )
 from durably.models import tool_call
 
-from .conftest import Runtimes, wait_for_status
+from .conftest import Runtimes, cli, wait_for_status
 
 
 class Ticket(BaseModel):
@@ -51,15 +49,7 @@ def registration() -> AgentRegistration:
 
 async def durably(env: WorkflowEnvironment, *args: str) -> subprocess.CompletedProcess[str]:
     target = env.client.service_client.config.target_host
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "durably", *args, "--target", target],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return await cli(sys.executable, "-m", "durably", *args, "--target", target)
 
 
 async def test_runs_show_then_resolve_from_the_cli_completes_the_run(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 
 import pytest
 from pydantic import BaseModel
@@ -14,10 +13,8 @@ from durably import (
     Agent,
     AgentRegistration,
     DurableClient,
-    DurableRuntime,
     FunctionModel,
     ModelRequest,
-    RunHandle,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -28,7 +25,7 @@ from durably.contract import RespondAccepted
 from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
 from durably.tools import question_tool
 
-from .conftest import eventually, record_history
+from .conftest import Runtimes, record_history, wait_for_interaction
 
 TURNS = 12
 
@@ -38,7 +35,7 @@ class Note(BaseModel):
 
 
 async def test_a_long_run_continues_as_new_and_keeps_its_id_transcript_and_events(
-    env: WorkflowEnvironment, task_queue: str
+    env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
 ) -> None:
     """With a low threshold (40 events) a 12-turn run continues as new several times."""
     seen_lengths: list[int] = []
@@ -58,38 +55,36 @@ async def test_a_long_run_continues_as_new_and_keeps_its_id_transcript_and_event
         return f"note {args.n}: " + "z" * 500
 
     agent = Agent(id="writer", model=FunctionModel(model), instructions="", tools=[note])
-    client = DurableClient(env.client, task_queue=task_queue)
     registration = AgentRegistration(
         agent, version="1", tool_recovery={"note": "safe"}, continue_as_new_events=40
     )
-    async with await DurableRuntime.open(client=client, agents=[registration]) as runtime:
-        await runtime.resume()
-        run = await client.start_run("writer", "write notes")
-        result = await run.result()
+    await runtimes.start([registration])
+    run = await client.start_run("writer", "write notes")
+    result = await run.result()
 
-        assert result.output == f"wrote {TURNS} notes"
-        # Every request saw the whole transcript: input + 2 messages per earlier turn.
-        assert seen_lengths == [1 + 2 * t for t in range(TURNS + 1)]
-        snap = await run.snapshot()
-        assert (snap.status, snap.turns, snap.run_id) == (
-            RunStatus.COMPLETED,
-            TURNS + 1,
-            run.run_id,
-        )
-        seqs = [e.seq for e in snap.events]
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-        query = f"WorkflowId = '{run.run_id}'"
-        runs = [w async for w in env.client.list_workflows(query)]
-        statuses = sorted(w.status.name for w in runs if w.status is not None)
-        assert WorkflowExecutionStatus.CONTINUED_AS_NEW.name in statuses
-        assert statuses.count(WorkflowExecutionStatus.COMPLETED.name) == 1
-        await record_history(client, run.run_id, "completed_after_continue_as_new")
-        first_run = (await _chain(env, run.run_id))[0][0]
-        await record_history(client, run.run_id, "continued_as_new_archiving_transcript", first_run)
-        await record_history(client, run.run_id, "completed_after_restoring_transcript")
-        # The same, for runs started after `durably-pin-in-first-task`.
-        await record_history(client, run.run_id, "continued_as_new_pinned_in_first_task", first_run)
-        await record_history(client, run.run_id, "completed_after_restore_pinned_in_first_task")
+    assert result.output == f"wrote {TURNS} notes"
+    # Every request saw the whole transcript: input + 2 messages per earlier turn.
+    assert seen_lengths == [1 + 2 * t for t in range(TURNS + 1)]
+    snap = await run.snapshot()
+    assert (snap.status, snap.turns, snap.run_id) == (
+        RunStatus.COMPLETED,
+        TURNS + 1,
+        run.run_id,
+    )
+    seqs = [e.seq for e in snap.events]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    query = f"WorkflowId = '{run.run_id}'"
+    runs = [w async for w in env.client.list_workflows(query)]
+    statuses = sorted(w.status.name for w in runs if w.status is not None)
+    assert WorkflowExecutionStatus.CONTINUED_AS_NEW.name in statuses
+    assert statuses.count(WorkflowExecutionStatus.COMPLETED.name) == 1
+    await record_history(client, run.run_id, "completed_after_continue_as_new")
+    first_run = (await _chain(env, run.run_id))[0][0]
+    await record_history(client, run.run_id, "continued_as_new_archiving_transcript", first_run)
+    await record_history(client, run.run_id, "completed_after_restoring_transcript")
+    # The same, for runs started after `durably-pin-in-first-task`.
+    await record_history(client, run.run_id, "continued_as_new_pinned_in_first_task", first_run)
+    await record_history(client, run.run_id, "completed_after_restore_pinned_in_first_task")
 
 
 BIG_TURNS = 10
@@ -140,7 +135,7 @@ async def _chain(env: WorkflowEnvironment, run_id: str) -> list[tuple[str, int]]
 
 @pytest.mark.parametrize("cached", [True, False], ids=["cache-hit", "no-cache"])
 async def test_a_transcript_larger_than_a_payload_survives_continue_as_new(
-    env: WorkflowEnvironment, task_queue: str, cached: bool
+    env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes, cached: bool
 ) -> None:
     """A 3 MB transcript continues as new several times and the model still sees all of it.
 
@@ -150,25 +145,21 @@ async def test_a_transcript_larger_than_a_payload_survives_continue_as_new(
     querying the closed previous run.
     """
     seen: list[list[str]] = []
-    client = DurableClient(env.client, task_queue=task_queue)
-    async with await DurableRuntime.open(client=client, agents=[_big_agent(seen)]) as runtime:
-        if not cached:
-            runtime.plugin.agent_activities.cache = TranscriptCache(max_runs=0)
-        await runtime.resume()
-        run = await client.start_run("reader", "read everything")
-        async with asyncio.timeout(120):
-            result = await run.result()
+    await runtimes.start([_big_agent(seen)], cache=None if cached else TranscriptCache(max_runs=0))
+    run = await client.start_run("reader", "read everything")
+    async with asyncio.timeout(120):
+        result = await run.result()
 
-        assert result.output == f"read {BIG_TURNS} pages"
-        # Every request saw every earlier page, in order, whole.
-        assert seen == [[f"page {n:04d} " for n in range(t)] for t in range(BIG_TURNS + 1)]
-        snap = await run.snapshot()
-        assert (snap.status, snap.turns) == (RunStatus.COMPLETED, BIG_TURNS + 1)
-        assert any(e.type == "transcript_restored" for e in snap.events)
-        chain = await _chain(env, run.run_id)
-        assert len(chain) >= 3, chain
-        # What continue-as-new carries stays small however long the transcript gets.
-        assert all(size < 100_000 for _, size in chain), chain
+    assert result.output == f"read {BIG_TURNS} pages"
+    # Every request saw every earlier page, in order, whole.
+    assert seen == [[f"page {n:04d} " for n in range(t)] for t in range(BIG_TURNS + 1)]
+    snap = await run.snapshot()
+    assert (snap.status, snap.turns) == (RunStatus.COMPLETED, BIG_TURNS + 1)
+    assert any(e.type == "transcript_restored" for e in snap.events)
+    chain = await _chain(env, run.run_id)
+    assert len(chain) >= 3, chain
+    # What continue-as-new carries stays small however long the transcript gets.
+    assert all(size < 100_000 for _, size in chain), chain
 
 
 QUESTIONS = 10
@@ -176,7 +167,7 @@ LONG_ANSWER = 400_000  # ten of these are 4 MB of answers: past the payload limi
 
 
 async def test_long_answers_to_many_questions_survive_continue_as_new(
-    env: WorkflowEnvironment, task_queue: str
+    env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
 ) -> None:
     """Accepted answers are kept for repeated responses, but not all carried across runs.
 
@@ -199,34 +190,23 @@ async def test_long_answers_to_many_questions_survive_continue_as_new(
 
     ask = question_tool(name="ask", description="Ask the operator.")
     agent = Agent(id="asker", model=FunctionModel(model), instructions="", tools=[ask])
-    client = DurableClient(env.client, task_queue=task_queue)
     registration = AgentRegistration(agent, version="1", continue_as_new_events=40)
-    async with await DurableRuntime.open(client=client, agents=[registration]) as runtime:
-        await runtime.resume()
-        run = await client.start_run("asker", "ask away")
-        responses: dict[str, dict[str, str]] = {}
-        for n in range(QUESTIONS):
-            interaction = f"question:{n + 1}:q{n}"
-            await eventually(partial(_waiting_on, run, interaction))
-            responses[interaction] = {"type": "question", "answer": f"{n}".ljust(LONG_ANSWER)}
-            await run.respond(interaction, responses[interaction], responder="op")
-        async with asyncio.timeout(60):
-            result = await run.result()
+    await runtimes.start([registration])
+    run = await client.start_run("asker", "ask away")
+    responses: dict[str, dict[str, str]] = {}
+    for n in range(QUESTIONS):
+        interaction = f"question:{n + 1}:q{n}"
+        await wait_for_interaction(run, interaction)
+        responses[interaction] = {"type": "question", "answer": f"{n}".ljust(LONG_ANSWER)}
+        await run.respond(interaction, responses[interaction], responder="op")
+    async with asyncio.timeout(60):
+        result = await run.result()
 
     assert result.output == f"heard {QUESTIONS} answers"
     assert heard == list(range(QUESTIONS + 1))
     chain = await _chain(env, run.run_id)
     assert len(chain) >= 3, chain
     assert all(size < 1_000_000 for _, size in chain), chain
-
-
-async def _waiting_on(run: RunHandle, interaction: str) -> bool:
-    snap = await run.snapshot()
-    return (
-        snap.status == RunStatus.WAITING
-        and snap.outcome is not None
-        and snap.outcome["interaction"]["id"] == interaction
-    )
 
 
 def test_continue_as_new_carries_the_newest_answers_within_bounds() -> None:
@@ -252,7 +232,7 @@ APPROVALS = 8
 
 
 async def test_a_repeated_approval_after_continue_as_new_returns_the_original_acceptance(
-    env: WorkflowEnvironment, task_queue: str
+    env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
 ) -> None:
     """The newest answers cross continue-as-new, so a client's retry is still harmless."""
     done: list[int] = []
@@ -272,28 +252,26 @@ async def test_a_repeated_approval_after_continue_as_new_returns_the_original_ac
         return AssistantMessage(content=f"took {n} steps")
 
     agent = Agent(id="stepper", model=FunctionModel(model), instructions="", tools=[step])
-    client = DurableClient(env.client, task_queue=task_queue)
     registration = AgentRegistration(
         agent, version="1", tool_recovery={"step": "safe"}, continue_as_new_events=40
     )
     approve = {"type": "tool-approval", "approved": True}
     repeated = 0
-    async with await DurableRuntime.open(client=client, agents=[registration]) as runtime:
-        await runtime.resume()
-        run = await client.start_run("stepper", "step through")
-        handle = env.client.get_workflow_handle(run.run_id)
-        previous: tuple[str, str, RespondAccepted] | None = None  # interaction, run, acceptance
-        for n in range(APPROVALS):
-            interaction = f"approval:{n + 1}:s{n}"
-            await eventually(partial(_waiting_on, run, interaction))
-            temporal_run = (await handle.describe()).run_id
-            if previous is not None and previous[1] != temporal_run:
-                # The run continued as new since `previous` was accepted: repeat it.
-                assert await run.respond(previous[0], approve, responder="op") == previous[2]
-                repeated += 1
-            accepted = await run.respond(interaction, approve, responder="op")
-            previous = (interaction, temporal_run, accepted)
-        result = await run.result()
+    await runtimes.start([registration])
+    run = await client.start_run("stepper", "step through")
+    handle = env.client.get_workflow_handle(run.run_id)
+    previous: tuple[str, str, RespondAccepted] | None = None  # interaction, run, acceptance
+    for n in range(APPROVALS):
+        interaction = f"approval:{n + 1}:s{n}"
+        await wait_for_interaction(run, interaction)
+        temporal_run = (await handle.describe()).run_id
+        if previous is not None and previous[1] != temporal_run:
+            # The run continued as new since `previous` was accepted: repeat it.
+            assert await run.respond(previous[0], approve, responder="op") == previous[2]
+            repeated += 1
+        accepted = await run.respond(interaction, approve, responder="op")
+        previous = (interaction, temporal_run, accepted)
+    result = await run.result()
 
     assert result.output == f"took {APPROVALS} steps"
     assert done == list(range(APPROVALS))  # each step ran once
@@ -301,7 +279,7 @@ async def test_a_repeated_approval_after_continue_as_new_returns_the_original_ac
 
 
 async def test_restoring_from_a_previous_run_that_is_gone_fails_with_what_to_do(
-    env: WorkflowEnvironment, task_queue: str
+    env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
 ) -> None:
     """A previous run past the namespace's retention cannot be restored: say so, never retry."""
     import dataclasses
@@ -315,12 +293,10 @@ async def test_restoring_from_a_previous_run_that_is_gone_fails_with_what_to_do(
     from durably.registry import AgentRegistry
 
     quick = Agent(id="quick", model=ScriptedModel(["done"]), instructions="", tools=[])
-    client = DurableClient(env.client, task_queue=task_queue)
     registration = AgentRegistration(quick, version="1")
-    async with await DurableRuntime.open(client=client, agents=[registration]) as runtime:
-        await runtime.resume()
-        run = await client.start_run("quick", "go")  # a workflow whose other run is gone
-        await run.result()
+    await runtimes.start([registration])
+    run = await client.start_run("quick", "go")  # a workflow whose other run is gone
+    await run.result()
 
     activities = AgentActivities(AgentRegistry(), cache=TranscriptCache(max_runs=0))
     activity_env = ActivityEnvironment(client=env.client)

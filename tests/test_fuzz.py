@@ -70,7 +70,7 @@ from durably.contract import (
 from durably.messages import AssistantMessage, ToolCall, UserMessage
 from durably.models import last_tool_results, tool_call
 
-from .conftest import Runtimes, record_history, wait_for_status
+from .conftest import Runtimes, record_history, wait_for_interaction, wait_for_status
 
 # A rejection message is read by a person and travels in update outcomes and
 # run events: it says what was wrong without echoing a huge input back.
@@ -494,12 +494,7 @@ class Bench:
         assert not failed, f"run {run.run_id} failed a workflow task: {failed[0][:500]}"
 
     async def waiting_on(self, run: RunHandle, interaction_id: str) -> RunSnapshot:
-        async with asyncio.timeout(30):
-            while True:
-                snap = await run.snapshot()
-                if snap.outcome and snap.outcome.get("interaction", {}).get("id") == interaction_id:
-                    return snap
-                await asyncio.sleep(0.05)
+        return await wait_for_interaction(run, interaction_id)
 
     async def running_tool(self, run: RunHandle, name: str) -> None:
         async with asyncio.timeout(30):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -40,11 +38,13 @@ from durably.tools import question_tool
 from .conftest import (
     Runtimes,
     binary,
+    cli,
     eventually,
     history_length,
     record_history,
     search_attribute,
     serving,
+    wait_for_interaction,
     wait_for_status,
 )
 
@@ -165,12 +165,7 @@ class TestApproval:
         assert first.outcome is not None
         assert first.outcome["interaction"]["id"] == "approval:1:a"
         await run.respond("approval:1:a", APPROVE, responder="alice")
-        async with asyncio.timeout(30):
-            while True:
-                second = await run.snapshot()
-                if second.outcome and second.outcome["interaction"]["id"] == "approval:1:b":
-                    break
-                await asyncio.sleep(0.05)
+        await wait_for_interaction(run, "approval:1:b")
         await run.respond(
             "approval:1:b",
             {"type": "tool-approval", "approved": False, "reason": "too large"},
@@ -272,26 +267,11 @@ class TestTemporalCliSignal:
         target = env.client.service_client.config.target_host
 
         async def signal(payload: dict[str, object]) -> None:
-            done = await asyncio.to_thread(
-                subprocess.run,
-                [
-                    binary("temporal"),
-                    "workflow",
-                    "signal",
-                    "--address",
-                    target,
-                    "--workflow-id",
-                    run.run_id,
-                    "--name",
-                    "respond_signal",
-                    "--input",
-                    json.dumps(payload),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            done = await cli(
+                binary("temporal"), "workflow", "signal", "--address", target,
+                "--workflow-id", run.run_id, "--name", "respond_signal",
+                "--input", json.dumps(payload),
+            )  # fmt: skip
             assert done.returncode == 0, done.stderr
 
         await signal(
@@ -429,15 +409,7 @@ async def test_durably_inbox_lists_what_each_parked_run_waits_for(
 
     await eventually(all_listed)
     target = env.client.service_client.config.target_host
-    shown = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "durably", "inbox", "--json", "--target", target],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    shown = await cli(sys.executable, "-m", "durably", "inbox", "--json", "--target", target)
     assert shown.returncode == 0, shown.stderr
     items = {i["run_id"]: i for i in json.loads(shown.stdout)}
 

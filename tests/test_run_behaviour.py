@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import uuid
 
 import pytest
@@ -22,15 +21,14 @@ from durably import (
     RunStatus,
     ScriptedModel,
     ToolContext,
-    ToolResultMessage,
     tool,
 )
 from durably.activities import TranscriptCache
 from durably.contract import SA_AGENT_VERSION
-from durably.messages import AssistantMessage, ToolCall, UserMessage
+from durably.messages import AssistantMessage, ToolCall
 from durably.models import last_tool_results, tool_call
 
-from .conftest import Runtimes, binary, eventually, record_history, search_attribute
+from .conftest import Runtimes, binary, cli, eventually, record_history, search_attribute
 
 
 class Ticket(BaseModel):
@@ -230,28 +228,12 @@ class TestTemporalCli:
         await runtimes.start([AgentRegistration(agent, version="1")])
         run_id = f"cli-{uuid.uuid4().hex[:8]}"
         target = env.client.service_client.config.target_host
-        proc = await asyncio.to_thread(
-            subprocess.run,
-            [
-                binary("temporal"),
-                "workflow",
-                "start",
-                "--address",
-                target,
-                "--type",
-                "AgentRunWorkflow",
-                "--task-queue",
-                client.task_queue,
-                "--workflow-id",
-                run_id,
-                "--input",
-                '{"agent_id": "greeter", "input": "hi", "version": null}',
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        proc = await cli(
+            binary("temporal"), "workflow", "start", "--address", target,
+            "--type", "AgentRunWorkflow", "--task-queue", client.task_queue,
+            "--workflow-id", run_id,
+            "--input", '{"agent_id": "greeter", "input": "hi", "version": null}',
+        )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
 
         run = await client.get_run(run_id)
@@ -288,8 +270,8 @@ class TestLinearHistory:
             return "x" * 3000
 
         agent = Agent(id="noter", model=FunctionModel(model), instructions="", tools=[note])
-        runtime = await _open_with_cache(
-            runtimes, AgentRegistration(agent, version="1"), TranscriptCache(max_runs=0)
+        await runtimes.start(
+            [AgentRegistration(agent, version="1")], cache=TranscriptCache(max_runs=0)
         )
         run = await client.start_run("noter", "take notes")
         await run.result()
@@ -305,7 +287,6 @@ class TestLinearHistory:
                 "ToolResultMessage",
             ],
         ]
-        assert runtime is not None
 
     async def test_model_inputs_stay_small_as_the_transcript_grows(
         self, client: DurableClient, runtimes: Runtimes
@@ -342,21 +323,3 @@ class TestLinearHistory:
         ]
         assert len(model_inputs) == 7
         assert max(model_inputs) < 1000, model_inputs
-
-
-async def _open_with_cache(
-    runtimes: Runtimes, registration: AgentRegistration, cache: TranscriptCache
-) -> object:
-    from durably import DurableRuntime
-
-    runtime = await DurableRuntime.open(client=runtimes.client, agents=[registration])
-    runtime.plugin.agent_activities.cache = cache
-    await runtime.resume()
-    runtimes.opened.append(runtime)
-    return runtime
-
-
-def test_user_message_is_what_the_model_sees_first() -> None:
-    """Sanity of the message model the workflow appends first."""
-    assert UserMessage(content="hi").role == "user"
-    assert ToolResultMessage(call_id="a", tool="t", content="x").is_error is False
