@@ -83,3 +83,19 @@ async def test_resolve_needs_exactly_one_outcome(env: WorkflowEnvironment) -> No
     both = await durably(env, "resolve", "some-run", "tool:1:c1", "--rerun", "--error", "x")
     assert both.returncode == 2
     assert "give exactly one of --json VALUE, --error MESSAGE or --rerun" in both.stderr
+
+
+async def test_a_worker_that_fails_for_good_exits_saying_why(env: WorkflowEnvironment) -> None:
+    """`durably worker` on a namespace that does not exist stops with an error, not idling."""
+    done = await durably(
+        env,
+        "worker",
+        "--agents",
+        "durably.examples.support_desk:registrations",
+        "--namespace",
+        "no-such-namespace",
+    )
+    assert done.returncode == 1, done.stdout
+    assert "error: the worker stopped" in done.stderr
+    assert "no-such-namespace" in done.stderr
+    assert "Check the namespace, address and credentials" in done.stderr

@@ -203,10 +203,11 @@ async def _serve(
             await _until(stop, _demo(runtime.client, server, support_desk.demo_input()))
         if not stop.is_set():
             console.print("Serving. Press Ctrl-C to stop.")
-        await stop.wait()
-        console.print("Stopping the worker …")
-    finally:
+    except BaseException:
         await runtime.close()
+        raise
+    await runtime.serve(stop)
+    console.print("Worker stopped.")
 
 
 async def _demo(client: DurableClient, server: DevServer, text: str) -> None:

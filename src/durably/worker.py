@@ -29,7 +29,7 @@ from temporalio.worker import Worker
 from durably.agents import AgentRegistration
 from durably.client import DurableClient
 from durably.contract import DEFAULT_TASK_QUEUE
-from durably.errors import DurableConflictError, RegistrationError
+from durably.errors import DurableConflictError, DurablyError, RegistrationError
 from durably.plugin import DurablyPlugin
 from durably.registry import AgentRegistry
 
@@ -129,6 +129,28 @@ class DurableRuntime:
         if self._task is None:
             self._task = asyncio.create_task(self.worker.run(), name="durably-worker")
 
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set, then drain; a worker that fails ends it at once.
+
+        Temporal's worker fails for good on what polling cannot fix (the
+        namespace is gone, the credentials are refused); waiting on `stop`
+        alone would keep a process up that runs nothing.
+        """
+        await self.resume()
+        assert self._task is not None
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({stopping, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            try:
+                await self.close()
+            except Exception as err:
+                raise DurablyError(
+                    f"the worker stopped: {err}. Check the namespace, address and "
+                    "credentials it connects with, then start it again."
+                ) from err
+
     async def close(self) -> None:
         """Stop polling and let running activities finish (or see their abort signal)."""
         if self._task is not None:
@@ -184,12 +206,8 @@ async def run_worker(
     runtime = await DurableRuntime.open(
         target, namespace, task_queue, agents=load_registrations(agents)
     )
-    await runtime.resume()
     _log.info("worker started", task_queue=task_queue, agents=runtime.registry.describe())
-    try:
-        await (stop or asyncio.Event()).wait()
-    finally:
-        await runtime.close()
+    await runtime.serve(stop or asyncio.Event())
 
 
 def main() -> None:
