@@ -39,13 +39,14 @@ from durably.errors import DurableConflictError, DurablyError, RunNotFoundError
 __all__ = ["DurableClient"]
 
 _UNFINISHED = [s.value for s in RunStatus if s.unfinished]
-# Statuses that wait for a person, and the inbox kind a run in them shows as
-# when its snapshot cannot be read.
-_INBOX: dict[RunStatus, Literal["approval", "blocked", "failed", "retry_wait"]] = {
+_FINISHED = [s.value for s in RunStatus if not s.unfinished]
+# The search-attribute statuses that wait for a person, and the inbox kind a
+# run in them shows as when its snapshot cannot be read. (A retry wait is not
+# among them: Temporal holds the backoff, the attribute stays `running`.)
+_INBOX: dict[RunStatus, Literal["approval", "blocked", "failed"]] = {
     RunStatus.WAITING: "approval",
     RunStatus.NEEDS_ATTENTION: "blocked",
     RunStatus.FAILED: "failed",
-    RunStatus.RETRY_WAIT: "retry_wait",
 }
 
 
@@ -132,10 +133,13 @@ class DurableClient:
         retry waits: found through visibility, described by each run's
         snapshot.
         """
-        # A retry wait is not a workflow status (Temporal holds the backoff), so
-        # running runs are read too; their snapshots tell which wait.
-        wanted = [*_INBOX, RunStatus.RUNNING]
-        runs = await self.list_runs(status=wanted, limit=limit)
+        # Running runs are read too, for retry waits, but apart: however many
+        # runs are running, they never crowd a parked run out of `limit`.
+        parked, running = await asyncio.gather(
+            self.list_runs(status=list(_INBOX), limit=limit),
+            self.list_runs(status=RunStatus.RUNNING, limit=limit),
+        )
+        runs = parked + running
         gate = asyncio.Semaphore(16)
 
         async def describe(run: RunSummary) -> InboxItem | None:
@@ -176,7 +180,7 @@ class DurableClient:
         if unfinished is True:
             clauses.append(f"{SA_STATUS.name} IN ({', '.join(map(_quote, _UNFINISHED))})")
         elif unfinished is False:
-            clauses.append(f"{SA_STATUS.name} IN ('completed', 'cancelled')")
+            clauses.append(f"{SA_STATUS.name} IN ({', '.join(map(_quote, _FINISHED))})")
         query = " AND ".join(clauses)
         return [_summary(e) async for e in self.temporal.list_workflows(query, limit=limit)]
 
