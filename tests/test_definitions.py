@@ -144,6 +144,7 @@ def test_public_api_matches_the_spec() -> None:
         "InvalidResponseError",
         "RunFailedError",
         "RunCancelledError",
+        "RunClosedError",
         "RunNotFoundError",
     }
     assert promised <= set(durably.__all__)

@@ -17,6 +17,7 @@ from durably import (
     FunctionModel,
     ModelRequest,
     RunCancelledError,
+    RunClosedError,
     RunFailedError,
     RunStatus,
     ScriptedModel,
@@ -27,8 +28,17 @@ from durably.activities import TranscriptCache
 from durably.contract import SA_AGENT_VERSION
 from durably.messages import AssistantMessage, ToolCall
 from durably.models import last_tool_results, tool_call
+from durably.tools import question_tool
 
-from .conftest import Runtimes, binary, cli, eventually, record_history, search_attribute
+from .conftest import (
+    Runtimes,
+    binary,
+    cli,
+    eventually,
+    record_history,
+    search_attribute,
+    wait_for_status,
+)
 
 
 class Ticket(BaseModel):
@@ -218,6 +228,27 @@ class TestCancel:
         assert snap.status == RunStatus.CANCELLED
         assert snap.events[-1].type == "run_cancelled"
         await record_history(client, run.run_id, "cancelled_mid_tool")
+
+    async def test_a_run_terminated_in_temporal_reports_it_is_closed_for_good(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Terminated from the Web UI or the Temporal CLI: not a failure that retry() fixes."""
+        agent = Agent(
+            id="asker",
+            model=ScriptedModel([tool_call("ask", question="which?"), "done"]),
+            instructions="",
+            tools=[question_tool(name="ask", description="Ask.")],
+        )
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("asker", "go")
+        await wait_for_status(run, RunStatus.WAITING)
+
+        await client.temporal.get_workflow_handle(run.run_id).terminate(reason="ops cleanup")
+
+        with pytest.raises(RunClosedError) as closed:
+            await run.result()
+        assert "was terminated in Temporal before it finished" in str(closed.value)
+        assert "start a new run" in str(closed.value)
 
 
 class TestTemporalCli:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         InvalidResponseError,
         RegistrationError,
         RunCancelledError,
+        RunClosedError,
         RunFailedError,
         RunNotFoundError,
     )
@@ -72,6 +73,7 @@ _EXPORTS = {
     "OpenAIChatModel": "durably.models",
     "RegistrationError": "durably.errors",
     "RunCancelledError": "durably.errors",
+    "RunClosedError": "durably.errors",
     "RunFailedError": "durably.errors",
     "RunHandle": "durably.client",
     "RunNotFoundError": "durably.errors",
@@ -115,6 +117,7 @@ __all__ = [
     "OpenAIChatModel",
     "RegistrationError",
     "RunCancelledError",
+    "RunClosedError",
     "RunFailedError",
     "RunHandle",
     "RunNotFoundError",

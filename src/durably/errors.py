@@ -25,6 +25,7 @@ __all__ = [
     "InvalidResponseError",
     "RegistrationError",
     "RunCancelledError",
+    "RunClosedError",
     "RunFailedError",
     "RunNotFoundError",
 ]
@@ -71,6 +72,17 @@ class RunCancelledError(DurablyError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id!r} was cancelled; start a new run to do the work again.")
+        self.run_id = run_id
+
+
+class RunClosedError(DurablyError):
+    """Temporal closed the run before it finished (terminated, or its execution timed out)."""
+
+    def __init__(self, run_id: str, how: str) -> None:
+        super().__init__(
+            f"run {run_id!r} was {how} in Temporal before it finished, so it cannot continue "
+            "or be retried; start a new run to do the work again."
+        )
         self.run_id = run_id
 
 

@@ -13,11 +13,11 @@ from pydantic import BaseModel
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import (
     Client,
-    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowUpdateFailedError,
 )
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably.contract import (
@@ -39,6 +39,7 @@ from durably.errors import (
     InteractionConflictError,
     InvalidResponseError,
     RunCancelledError,
+    RunClosedError,
     RunFailedError,
     RunNotFoundError,
 )
@@ -139,9 +140,12 @@ class RunHandle:
         try:
             result: RunResult = await self._handle.result()
         except WorkflowFailureError as err:
-            desc = await self._handle.describe()
-            if desc.status == WorkflowExecutionStatus.CANCELED:
+            if isinstance(err.cause, CancelledError):
                 raise RunCancelledError(self.run_id) from err
+            if isinstance(err.cause, TerminatedError):
+                raise RunClosedError(self.run_id, "terminated") from err
+            if isinstance(err.cause, TemporalTimeoutError):
+                raise RunClosedError(self.run_id, "timed out") from err
             raise RunFailedError(self.run_id, str(err.cause or err)) from err
         return result
 
