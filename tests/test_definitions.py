@@ -59,6 +59,16 @@ class TestTool:
         with pytest.raises(TypeError, match="tools must be `async def`"):
             tool(sync)  # type: ignore[arg-type]
 
+    def test_tool_names_providers_would_reject_are_rejected_when_defined(self) -> None:
+        async def run(args: Query, ctx: ToolContext) -> str:
+            """Run."""
+            return ""
+
+        assert tool(name="search_kb-2")(run).name == "search_kb-2"
+        for name in ("héllo", "x²", "two words", "a" * 65):
+            with pytest.raises(ValueError, match="1 to 64 ASCII letters, digits"):
+                tool(name=name)(run)
+
 
 class TestAgentRegistration:
     def test_tool_recovery_naming_a_missing_tool_is_a_registration_error(self) -> None:
@@ -86,6 +96,15 @@ class TestAgentRegistration:
         assert base.fingerprint != safe.fingerprint
         retry = AgentRegistration(agent(), version="1", model_retry=ModelRetry(max_attempts=3))
         assert base.fingerprint != retry.fingerprint
+
+    def test_a_model_identity_that_is_not_plain_json_is_a_registration_error(self) -> None:
+        """str() of a set or an object can differ between workers; the fingerprint must not."""
+        from durably import OpenAIChatModel
+
+        model = OpenAIChatModel("gpt-4o-mini", api_key="k", extra_body={"tags": {"a", "b"}})
+        odd = Agent(id="odd", model=model, instructions="", tools=[])
+        with pytest.raises(RegistrationError, match="identity must be plain JSON"):
+            AgentRegistration(odd, version="1")
 
     def test_model_retry_needs_a_positive_attempt_count(self) -> None:
         with pytest.raises(RegistrationError, match="max_attempts must be at least 1"):

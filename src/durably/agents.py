@@ -61,7 +61,11 @@ class Agent:
         object.__setattr__(self, "tools", tuple(self.tools))
 
     def tool(self, name: str) -> Tool[Any] | None:
-        return next((t for t in self.tools if t.name == name), None)
+        return self._tools_by_name.get(name)
+
+    @functools.cached_property
+    def _tools_by_name(self) -> dict[str, Tool[Any]]:
+        return {t.name: t for t in self.tools}
 
     @functools.cached_property
     def tool_specs(self) -> tuple[ToolSpec, ...]:
@@ -168,6 +172,14 @@ class AgentRegistration:
                 "(Temporal ends a run at 50 MB of history)"
             )
         object.__setattr__(self, "tool_recovery", dict(self.tool_recovery))
+        try:
+            self.fingerprint  # noqa: B018 - computed now, so a bad identity fails here
+        except TypeError as err:
+            raise RegistrationError(
+                f"{where}: the model's identity must be plain JSON (strings, numbers, "
+                f"booleans, lists and dicts), since every worker must compute the same "
+                f"fingerprint from it: {err}"
+            ) from err
 
     @property
     def agent_id(self) -> str:
@@ -224,5 +236,5 @@ class AgentRegistration:
             "tool_recovery": dict(sorted(self.tool_recovery.items())),
             "model_retry": self.model_retry.spec().model_dump() if self.model_retry else None,
         }
-        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]

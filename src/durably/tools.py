@@ -10,8 +10,10 @@ call, and unique across runs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
+import re
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -21,6 +23,7 @@ import structlog
 from pydantic import BaseModel, TypeAdapter
 
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 __all__ = ["Question", "Tool", "ToolContext", "ToolError", "question_tool", "tool"]
 
@@ -93,21 +96,21 @@ class Tool(Generic[ArgsT]):
     is_question: bool = False
 
     def __post_init__(self) -> None:
-        if not self.name.replace("_", "").replace("-", "").isalnum():
+        if not _TOOL_NAME.fullmatch(self.name):
             raise ValueError(
-                f"tool name {self.name!r} must use only letters, digits, '_' and '-' "
-                "(providers reject other characters)"
+                f"tool name {self.name!r} must be 1 to 64 ASCII letters, digits, '_' and '-' "
+                "(what OpenAI and Anthropic accept)"
             )
         if not (isinstance(self.input_model, type) and issubclass(self.input_model, BaseModel)):
             raise TypeError(
                 f"tool {self.name!r}: input_model must be a pydantic BaseModel subclass"
             )
 
-    @property
+    @functools.cached_property
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema()
 
-    @property
+    @functools.cached_property
     def output_schema(self) -> dict[str, Any]:
         if self.output_model is None:
             return {}
@@ -117,8 +120,6 @@ class Tool(Generic[ArgsT]):
         """Check a value against the output model and return its JSON form."""
         if self.output_model is None:
             return _ANY.dump_python(value, mode="json")
-        if isinstance(value, self.output_model):
-            return value.model_dump(mode="json")
         return self.output_model.model_validate(value).model_dump(mode="json")
 
 
