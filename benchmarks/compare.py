@@ -58,7 +58,6 @@ from _common import (
     history_bytes,
     prompt,
     run_main,
-    temporal_binary,
 )
 from _impl_durably import durably_registration
 from temporalio.api.history.v1 import HistoryEvent
@@ -69,6 +68,7 @@ from temporalio.worker import Worker
 
 from durably import DurableClient, DurableRuntime
 from durably.contract import SEARCH_ATTRIBUTES
+from durably.dev import find_temporal
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -839,7 +839,7 @@ def versions(res: Results) -> list[tuple[str, str]]:
             found.append((dist, "not installed"))
     try:
         cli = subprocess.run(
-            [temporal_binary(), "--version"], capture_output=True, text=True, timeout=30
+            [find_temporal(), "--version"], capture_output=True, text=True, timeout=30
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         cli = "?"

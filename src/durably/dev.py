@@ -41,11 +41,20 @@ from temporalio.service import RPCError
 from durably.contract import SEARCH_ATTRIBUTES
 from durably.errors import DevServerError
 
-__all__ = ["DEFAULT_DB", "DevServer", "DevServerError", "find_temporal"]
+__all__ = [
+    "DEFAULT_DB",
+    "DEV_SERVER_ARGS",
+    "DevServer",
+    "DevServerError",
+    "die_with_parent",
+    "find_temporal",
+    "signal_group",
+]
 
 DEFAULT_DB = Path(".durably") / "temporal.db"
-# The stock value holds each workflow task of a lone run for ~40 ms.
-_DYNAMIC_CONFIG = ("history.transferProcessorMaxPollRPS=1000",)
+# What every durably dev server runs with: the stock value holds each
+# workflow task of a lone run for ~40 ms.
+DEV_SERVER_ARGS = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000")
 _LOG_TAIL_LINES = 30
 
 
@@ -132,8 +141,7 @@ class DevServer:
             args += [flag, str(chosen)]
         for key in SEARCH_ATTRIBUTES:
             args += ["--search-attribute", f"{key.name}=Keyword"]
-        for value in _DYNAMIC_CONFIG:
-            args += ["--dynamic-config-value", value]
+        args += DEV_SERVER_ARGS
         return [*args, "--log-level", "warn"]
 
     async def start(self, *, ready_within: float = 60.0) -> Client:
@@ -162,7 +170,7 @@ class DevServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(),
             )
         finally:
             os.close(log)
@@ -180,16 +188,16 @@ class DevServer:
             return
         try:
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGTERM)
+                signal_group(proc.pid, signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), grace)
         finally:
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
             # The group id stays allocated while any member lives, so this
             # reaches only what the server itself left behind.
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
 
     async def __aenter__(self) -> DevServer:
         await self.start()
@@ -290,13 +298,14 @@ def _open_log(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal a process group, if it still exists."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` asking Linux to SIGTERM the child when this process dies.
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` asking Linux to send the child `sig` when this process dies.
 
     The libc function is looked up here, before the fork, so the child only
     makes one system call.
@@ -311,7 +320,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     pr_set_pdeathsig = 1
 
     def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        prctl(pr_set_pdeathsig, int(sig))
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
 

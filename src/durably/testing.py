@@ -19,11 +19,8 @@ run gets the same answers; `capture_logs` records what tools log through
 from __future__ import annotations
 
 import contextlib
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 
 from structlog.testing import capture_logs
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -32,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 from durably.agents import AgentRegistration
 from durably.client import DurableClient
 from durably.contract import SEARCH_ATTRIBUTES
+from durably.dev import DEV_SERVER_ARGS, find_temporal
 from durably.models import FunctionModel, ScriptedModel, final, last_tool_results, tool_call
 from durably.worker import DurableRuntime
 
@@ -47,21 +45,13 @@ __all__ = [
 ]
 
 
-def _temporal_binary() -> str | None:
-    beside = Path(sys.executable).parent / "temporal"
-    return str(beside) if beside.exists() else shutil.which("temporal")
-
-
 async def start_local_server() -> WorkflowEnvironment:
     """Temporal's dev server (in memory) with durably's search attributes registered."""
     return await WorkflowEnvironment.start_local(
-        dev_server_existing_path=_temporal_binary(),
+        dev_server_existing_path=find_temporal(),
         data_converter=pydantic_data_converter,
         search_attributes=SEARCH_ATTRIBUTES,
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            "history.transferProcessorMaxPollRPS=1000",
-        ],
+        dev_server_extra_args=list(DEV_SERVER_ARGS),
     )
 
 
