@@ -20,7 +20,7 @@ from durably import (
 )
 from durably.models import tool_call
 
-from .conftest import Runtimes, cli, wait_for_status
+from .conftest import Runtimes, cli, free_ports, wait_for_status
 
 
 class Ticket(BaseModel):
@@ -99,3 +99,13 @@ async def test_a_worker_that_fails_for_good_exits_saying_why(env: WorkflowEnviro
     assert "error: the worker stopped" in done.stderr
     assert "no-such-namespace" in done.stderr
     assert "Check the namespace, address and credentials" in done.stderr
+
+
+async def test_a_command_with_no_server_to_reach_says_where_it_looked() -> None:
+    (port,) = free_ports(1)
+    done = await cli(
+        sys.executable, "-m", "durably", "runs", "list", "--target", f"127.0.0.1:{port}"
+    )
+    assert done.returncode == 1
+    assert f"error: cannot connect to Temporal at 127.0.0.1:{port}" in done.stderr
+    assert "Start a local server with `durably dev`" in done.stderr

@@ -45,8 +45,16 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from durably.agents import AgentRegistration
-from durably.client import DurableClient
-from durably.contract import DEFAULT_TASK_QUEUE, RunSnapshot, RunStatus, RunSummary
+from durably.client import DurableClient, RunHandle
+from durably.contract import (
+    DEFAULT_TASK_QUEUE,
+    SA_AGENT,
+    SA_STATUS,
+    WORKFLOW_TYPE,
+    RunSnapshot,
+    RunStatus,
+    RunSummary,
+)
 from durably.dev import DEFAULT_DB, DevServer
 from durably.errors import DurablyError
 
@@ -77,6 +85,7 @@ _STATUS_STYLE = {
     RunStatus.CANCELLED: "dim",
 }
 
+RunId = Annotated[str, typer.Argument(metavar="RUN", help="The run id.")]
 Target = Annotated[
     str | None,
     typer.Option(
@@ -123,12 +132,7 @@ async def _worker(agents: str, target: str | None, namespace: str | None, task_q
     from durably.worker import run_worker
 
     stop = _stop_on_signals()
-    try:
-        await run_worker(
-            agents, target=target, namespace=namespace, task_queue=task_queue, stop=stop
-        )
-    except RuntimeError as err:
-        raise _connect_error(target, err) from err
+    await run_worker(agents, target=target, namespace=namespace, task_queue=task_queue, stop=stop)
     console.print("Worker stopped.")
 
 
@@ -225,13 +229,18 @@ async def _demo(client: DurableClient, server: DevServer, text: str) -> None:
     console.print(Text(f"Demo output: {result.output}", style="green"))
 
 
+_DEMO_PROMPT = "My printer queue is stuck"
+
+
 def _banner(server: DevServer, agents: str) -> None:
     """What runs where, and how to start a run; plain lines, so commands copy cleanly."""
+    from durably.examples.support_desk import AGENT_ID
+
     default_port = server.port == 7233
     address = "" if default_port else f" --address {server.address}"
     target = "" if default_port else f" --target {server.address}"
     start_input = json.dumps(
-        {"agent_id": "support-desk", "input": "My printer queue is stuck", "version": None},
+        {"agent_id": AGENT_ID, "input": _DEMO_PROMPT, "version": None},
         separators=(",", ":"),
     )
     durably, temporal = _command("durably"), _command("temporal")
@@ -244,20 +253,18 @@ def _banner(server: DevServer, agents: str) -> None:
     ):
         console.print(Text.assemble("  ", (f"{name:<17}", "bold"), value))
     console.print(Text("Start a run:", style="bold"))
-    console.print(
-        Text(f"  {durably} start support-desk 'My printer queue is stuck'{target} --wait")
-    )
+    console.print(Text(f"  {durably} start {AGENT_ID} '{_DEMO_PROMPT}'{target} --wait"))
     console.print(
         Text(
-            f"  {temporal} workflow start --type AgentRunWorkflow --task-queue "
+            f"  {temporal} workflow start --type {WORKFLOW_TYPE} --task-queue "
             f"{DEFAULT_TASK_QUEUE}{address} --input '{start_input}'"
         )
     )
     console.print(
         Text.assemble(
             ("Find runs: ", "bold"),
-            f"{durably} runs list{target}, or the Web UI (search attributes DurablyStatus, "
-            "DurablyAgent)",
+            f"{durably} runs list{target}, or the Web UI (search attributes "
+            f"{SA_STATUS.name}, {SA_AGENT.name})",
         )
     )
 
@@ -314,7 +321,7 @@ async def _start(
     namespace: str | None,
     task_queue: str,
 ) -> None:
-    client = await _connect(target, namespace, task_queue)
+    client = await DurableClient.connect(target, namespace, task_queue)
     run = await client.start_run(agent_id, input, version=version, run_id=run_id)
     console.print(Text(f"Started run {run.run_id}"))
     if wait:
@@ -325,7 +332,7 @@ async def _start(
 
 @app.command()
 def cancel(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run_id: RunId,
     target: Target = None,
     namespace: Namespace = None,
 ) -> None:
@@ -334,15 +341,14 @@ def cancel(
 
 
 async def _cancel(run_id: str, target: str | None, namespace: str | None) -> None:
-    client = await _connect(target, namespace)
-    run = await client.get_run(run_id)
+    run = await _handle(run_id, target, namespace)
     await run.cancel()
     console.print(Text(f"Cancellation of run {run_id} requested."))
 
 
 @app.command()
 def resolve(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run_id: RunId,
     operation: Annotated[
         str,
         typer.Argument(
@@ -421,8 +427,7 @@ async def _resolve(
     target: str | None,
     namespace: str | None,
 ) -> None:
-    client = await _connect(target, namespace)
-    run = await client.get_run(run_id)
+    run = await _handle(run_id, target, namespace)
     await run.resolve_tool(operation, resolution)
     console.print(
         Text(f"Resolved {operation} of run {run_id} ({resolution['type']}); the run continues.")
@@ -431,7 +436,7 @@ async def _resolve(
 
 @app.command()
 def retry(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run_id: RunId,
     target: Target = None,
     namespace: Namespace = None,
 ) -> None:
@@ -440,8 +445,7 @@ def retry(
 
 
 async def _retry(run_id: str, target: str | None, namespace: str | None) -> None:
-    client = await _connect(target, namespace)
-    run = await client.get_run(run_id)
+    run = await _handle(run_id, target, namespace)
     accepted = await run.retry()
     what = accepted.operation or "the run"
     console.print(Text(f"Retrying {what} of run {run_id} (was {accepted.previous_status.value})."))
@@ -465,7 +469,7 @@ InteractionId = Annotated[
 
 @app.command()
 def approve(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run_id: RunId,
     responder: Responder,
     interaction: InteractionId = None,
     digest: Annotated[
@@ -488,7 +492,7 @@ def approve(
 
 @app.command()
 def deny(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run_id: RunId,
     responder: Responder,
     reason: Annotated[
         str | None,
@@ -509,7 +513,7 @@ def deny(
 
 @app.command()
 def answer(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run_id: RunId,
     text: Annotated[str, typer.Argument(help="The answer the model will read.")],
     responder: Responder,
     interaction: InteractionId = None,
@@ -529,8 +533,7 @@ async def _respond(
     target: str | None,
     namespace: str | None,
 ) -> None:
-    client = await _connect(target, namespace)
-    run = await client.get_run(run_id)
+    run = await _handle(run_id, target, namespace)
     if interaction_id is None:
         snap = await run.snapshot()
         pending = (
@@ -562,7 +565,7 @@ def inbox(
 
 
 async def _inbox(as_json: bool, target: str | None, namespace: str | None) -> None:
-    client = await _connect(target, namespace)
+    client = await DurableClient.connect(target, namespace)
     items = await client.inbox()
     if as_json:
         print(json.dumps([i.model_dump(mode="json") for i in items], indent=2))
@@ -570,7 +573,7 @@ async def _inbox(as_json: bool, target: str | None, namespace: str | None) -> No
     if not items:
         console.print("Nothing waits for a person.")
         return
-    table = Table(box=None, pad_edge=False, padding=(0, 1))
+    table = _table()
     for name in ("run id", "agent", "kind", "since", "waiting for", "id / operation"):
         table.add_column(name, no_wrap=name != "waiting for")
     for i in items:
@@ -615,7 +618,7 @@ async def _runs_list(
     target: str | None,
     namespace: str | None,
 ) -> None:
-    client = await _connect(target, namespace)
+    client = await DurableClient.connect(target, namespace)
     runs = await client.list_runs(
         status=status, agent_id=agent, unfinished=True if unfinished else None, limit=limit
     )
@@ -629,7 +632,7 @@ async def _runs_list(
 
 
 def _runs_table(runs: list[RunSummary]) -> Table:
-    table = Table(box=None, pad_edge=False, padding=(0, 1))
+    table = _table()
     for name in ("run id", "agent", "status", "started", "closed"):
         table.add_column(name, no_wrap=True)
     for r in runs:
@@ -646,7 +649,7 @@ def _runs_table(runs: list[RunSummary]) -> Table:
 
 @runs_app.command("show")
 def runs_show(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run_id: RunId,
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
     target: Target = None,
     namespace: Namespace = None,
@@ -656,8 +659,7 @@ def runs_show(
 
 
 async def _runs_show(run_id: str, as_json: bool, target: str | None, namespace: str | None) -> None:
-    client = await _connect(target, namespace)
-    run = await client.get_run(run_id)
+    run = await _handle(run_id, target, namespace)
     snap = await run.snapshot()
     if as_json:
         print(snap.model_dump_json(indent=2))
@@ -701,7 +703,7 @@ def _snapshot_view(snap: RunSnapshot) -> Group:
     panel = Panel(fields, title=escape(f"run {snap.run_id}"), title_align="left")
     if not snap.events:
         return Group(panel)
-    events = Table(box=None, pad_edge=False, padding=(0, 1), title_justify="left")
+    events = _table(title_justify="left")
     for name in ("#", "at", "event", "operation", "detail"):
         events.add_column(name, no_wrap=True, justify="right" if name == "#" else "left")
     # Clip details to what is left of the line, so the other columns stay whole.
@@ -729,6 +731,17 @@ def _snapshot_view(snap: RunSnapshot) -> Group:
 # -- helpers ----------------------------------------------------------------------
 
 
+def _table(**options: Any) -> Table:
+    """A borderless table: columns line up, lines copy cleanly."""
+    return Table(box=None, pad_edge=False, padding=(0, 1), **options)
+
+
+async def _handle(run_id: str, target: str | None, namespace: str | None) -> RunHandle:
+    """The run named on the command line, on the cluster the options name."""
+    client = await DurableClient.connect(target, namespace)
+    return await client.get_run(run_id)
+
+
 def _run(main: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; expected errors become a red line and exit 1."""
     try:
@@ -738,25 +751,6 @@ def _run(main: Coroutine[Any, Any, T]) -> T:
     except RPCError as err:
         err_console.print(Text(f"error: Temporal refused the request: {err.message}", style="red"))
     raise typer.Exit(1)
-
-
-async def _connect(
-    target: str | None, namespace: str | None, task_queue: str = DEFAULT_TASK_QUEUE
-) -> DurableClient:
-    try:
-        return await DurableClient.connect(target, namespace, task_queue)
-    except RuntimeError as err:
-        raise _connect_error(target, err) from err
-
-
-def _connect_error(target: str | None, err: RuntimeError) -> DurablyError | RuntimeError:
-    if "connect" not in str(err).lower():
-        return err
-    where = target or os.environ.get("TEMPORAL_ADDRESS") or "the configured address"
-    return DurablyError(
-        f"cannot connect to Temporal at {where} ({err}). Start a local server with "
-        "`durably dev`, or point --target (or TEMPORAL_ADDRESS) at your cluster."
-    )
 
 
 def _stop_on_signals() -> asyncio.Event:

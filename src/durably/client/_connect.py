@@ -8,6 +8,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 
+from durably.errors import DurablyError
+
 __all__ = ["connect_temporal", "with_pydantic"]
 
 DEFAULT_TARGET = "localhost:7233"
@@ -27,7 +29,14 @@ async def connect_temporal(
     if namespace:
         config["namespace"] = namespace
     config.setdefault("target_host", DEFAULT_TARGET)
-    return await Client.connect(**config, data_converter=pydantic_data_converter)
+    try:
+        return await Client.connect(**config, data_converter=pydantic_data_converter)
+    except RuntimeError as err:  # what the SDK raises when it cannot connect
+        raise DurablyError(
+            f"cannot connect to Temporal at {config['target_host']} ({err}). Start a local "
+            "server with `durably dev`, or point --target (or TEMPORAL_ADDRESS, or your "
+            "Temporal config profile) at your cluster."
+        ) from err
 
 
 def with_pydantic(client: Client) -> Client:
