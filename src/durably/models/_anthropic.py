@@ -19,8 +19,8 @@ from durably.messages import (
     ToolSpec,
     Usage,
 )
-from durably.models._base import ErrorClassifier, ModelErrorVerdict
-from durably.models._provider import PERMANENT, RETRYABLE, ProviderModel, given, http_verdict
+from durably.models._base import ErrorClassifier
+from durably.models._provider import ProviderModel, given
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
@@ -54,6 +54,7 @@ class AnthropicModel(ProviderModel["AsyncAnthropic"]):
     """
 
     _provider = "anthropic"
+    _sdk_error = "AnthropicError"
     _client_class = "AsyncAnthropic"
     _base_url_env = "ANTHROPIC_BASE_URL"
     _example_model = "claude-sonnet-4-5"
@@ -107,31 +108,6 @@ class AnthropicModel(ProviderModel["AsyncAnthropic"]):
             params["extra_body"] = self._extra_body
         message: Message = await self._client().messages.create(**params)
         return from_anthropic_message(message)
-
-    @staticmethod
-    def default_classify_error(error: BaseException) -> ModelErrorVerdict:
-        """The built-in verdict: HTTP statuses and headers as `durably.models` documents.
-
-        Connection errors and timeouts are retryable; other `anthropic`
-        errors raised before a request is sent (missing credentials, bad
-        options) are not; anything else is.
-        """
-        import anthropic
-
-        if isinstance(error, anthropic.APIStatusError):
-            return http_verdict(error.status_code, error.response.headers)
-        retryable_types: tuple[type[BaseException], ...] = (
-            anthropic.APIConnectionError,
-            anthropic.APIResponseValidationError,
-        )
-        retryable_error = getattr(anthropic, "RetryableError", None)  # newer SDKs only
-        if isinstance(retryable_error, type) and issubclass(retryable_error, BaseException):
-            retryable_types += (retryable_error,)
-        if isinstance(error, retryable_types):
-            return RETRYABLE
-        if isinstance(error, anthropic.AnthropicError):
-            return PERMANENT
-        return RETRYABLE
 
 
 def anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:

@@ -9,7 +9,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from durably.messages import ModelRequest, ModelResponse
 
-__all__ = ["ErrorClassifier", "Model", "ModelErrorVerdict", "classify_model_error"]
+__all__ = [
+    "PERMANENT",
+    "RETRYABLE",
+    "ErrorClassifier",
+    "Model",
+    "ModelErrorVerdict",
+    "classify_model_error",
+]
 
 
 @runtime_checkable
@@ -45,7 +52,8 @@ class ModelErrorVerdict:
 
 ErrorClassifier = Callable[[BaseException], ModelErrorVerdict]
 
-_RETRYABLE = ModelErrorVerdict(retryable=True)
+RETRYABLE = ModelErrorVerdict(retryable=True)
+PERMANENT = ModelErrorVerdict(retryable=False)
 
 
 def classify_model_error(model: Model, error: BaseException) -> ModelErrorVerdict:
@@ -56,5 +64,5 @@ def classify_model_error(model: Model, error: BaseException) -> ModelErrorVerdic
     """
     classify: ErrorClassifier | None = getattr(model, "classify_error", None)
     if classify is None:
-        return _RETRYABLE
+        return RETRYABLE
     return classify(error)

@@ -19,7 +19,7 @@ from durably.messages import (
     ToolCall,
     ToolResultMessage,
 )
-from durably.models._base import ErrorClassifier, ModelErrorVerdict
+from durably.models._base import RETRYABLE, ErrorClassifier, ModelErrorVerdict
 
 __all__ = ["FunctionModel", "ScriptedModel", "Step", "final", "tool_call"]
 
@@ -64,7 +64,7 @@ class FunctionModel:
 
     def classify_error(self, error: BaseException) -> ModelErrorVerdict:
         """Every error is retryable unless a `classify_error` was given."""
-        return self._classify(error) if self._classify else ModelErrorVerdict(retryable=True)
+        return self._classify(error) if self._classify else RETRYABLE
 
     @property
     def identity(self) -> Mapping[str, Any]:

@@ -24,8 +24,8 @@ from durably.messages import (
     ToolSpec,
     Usage,
 )
-from durably.models._base import ErrorClassifier, ModelErrorVerdict
-from durably.models._provider import PERMANENT, RETRYABLE, ProviderModel, given, http_verdict
+from durably.models._base import ErrorClassifier
+from durably.models._provider import ProviderModel, given
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -66,6 +66,7 @@ class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
     """
 
     _provider = "openai"
+    _sdk_error = "OpenAIError"
     _client_class = "AsyncOpenAI"
     _base_url_env = "OPENAI_BASE_URL"
     _example_model = "gpt-4o-mini"
@@ -117,24 +118,6 @@ class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
             params["extra_body"] = self._extra_body
         completion: ChatCompletion = await self._client().chat.completions.create(**params)
         return from_openai_completion(completion)
-
-    @staticmethod
-    def default_classify_error(error: BaseException) -> ModelErrorVerdict:
-        """The built-in verdict: HTTP statuses and headers as `durably.models` documents.
-
-        Connection errors and timeouts are retryable; other `openai` errors
-        raised before a request is sent (missing credentials, bad options)
-        are not; anything else is.
-        """
-        import openai
-
-        if isinstance(error, openai.APIStatusError):
-            return http_verdict(error.status_code, error.response.headers)
-        if isinstance(error, openai.APIConnectionError | openai.APIResponseValidationError):
-            return RETRYABLE
-        if isinstance(error, openai.OpenAIError):
-            return PERMANENT
-        return RETRYABLE
 
 
 def openai_messages(request: ModelRequest) -> list[dict[str, Any]]:

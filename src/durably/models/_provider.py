@@ -31,11 +31,9 @@ from types import ModuleType
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from durably.messages import ModelRequest, ModelResponse
-from durably.models._base import ErrorClassifier, ModelErrorVerdict
+from durably.models._base import PERMANENT, RETRYABLE, ErrorClassifier, ModelErrorVerdict
 
 __all__ = [
-    "PERMANENT",
-    "RETRYABLE",
     "ProviderModel",
     "given",
     "http_verdict",
@@ -43,8 +41,6 @@ __all__ = [
     "retry_after",
 ]
 
-RETRYABLE = ModelErrorVerdict(retryable=True)
-PERMANENT = ModelErrorVerdict(retryable=False)
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 
@@ -68,14 +64,15 @@ class ProviderModel(ABC, Generic[_ClientT]):
     `__init__` first (it imports the SDK, so a missing extra is reported
     before anything else), then checks its own settings and stores them in
     `_settings` with `given(...)`, in the order its requests send them. It
-    implements `request` with `_client()`, and `default_classify_error` for
-    its SDK's exceptions.
+    implements `request` with `_client()`.
     """
 
     _provider: ClassVar[str]
     """The SDK package, the extra that installs it, and `identity["provider"]`."""
     _client_class: ClassVar[str]
     """The SDK's async client class, e.g. `AsyncOpenAI`."""
+    _sdk_error: ClassVar[str]
+    """The SDK's root exception class, e.g. `OpenAIError`."""
     _base_url_env: ClassVar[str]
     """The variable naming the server when no `base_url` is given."""
     _example_model: ClassVar[str]
@@ -163,10 +160,26 @@ class ProviderModel(ABC, Generic[_ClientT]):
             return self._classify(error)
         return self.default_classify_error(error)
 
-    @staticmethod
-    @abstractmethod
-    def default_classify_error(error: BaseException) -> ModelErrorVerdict:
-        """The built-in verdict on an error from the provider's SDK, or any other."""
+    @classmethod
+    def default_classify_error(cls, error: BaseException) -> ModelErrorVerdict:
+        """The built-in verdict on an error from the provider's SDK, or any other.
+
+        HTTP errors as `durably.models` documents; connection errors and
+        timeouts are retryable; the SDK's other errors, raised before a
+        request is sent (missing credentials, bad options), are not; anything
+        else is. Both SDKs name these classes alike.
+        """
+        sdk = importlib.import_module(cls._provider)
+        if isinstance(error, sdk.APIStatusError):
+            return http_verdict(error.status_code, error.response.headers)
+        # RetryableError: newer Anthropic SDKs only.
+        names = ("APIConnectionError", "APIResponseValidationError", "RetryableError")
+        retryable = tuple(t for n in names if isinstance(t := getattr(sdk, n, None), type))
+        if isinstance(error, retryable):
+            return RETRYABLE
+        if isinstance(error, getattr(sdk, cls._sdk_error)):
+            return PERMANENT
+        return RETRYABLE
 
     def _client(self) -> _ClientT:
         if self._given_client is not None:
