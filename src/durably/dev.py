@@ -217,6 +217,7 @@ class DevServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         client: Client | None = None
+        registered = False
         last_error = "the gRPC port never accepted a connection"
         while True:
             proc = self._proc
@@ -237,7 +238,9 @@ class DevServer:
                         Client.connect(self.address, namespace=self.namespace), 5
                     )
                 if client is not None:
-                    await self._ensure_search_attributes(client)
+                    if not registered:  # once: the namespace answers, the attributes exist
+                        await self._ensure_search_attributes(client)
+                        registered = True
                     if await _accepts(self.ip, self.ui_port):
                         return client
                     last_error = f"the Web UI port {self.ui_port} never accepted a connection"
