@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
+import pytest
 from pydantic import BaseModel
 from temporalio.testing import WorkflowEnvironment
 
@@ -13,12 +15,14 @@ from durably import (
     Agent,
     AgentRegistration,
     DurableClient,
+    RunCancelledError,
     RunStatus,
     ScriptedModel,
     ToolContext,
     tool,
 )
 from durably.models import tool_call
+from durably.tools import question_tool
 
 from .conftest import Runtimes, cli, free_ports, wait_for_status
 
@@ -109,3 +113,36 @@ async def test_a_command_with_no_server_to_reach_says_where_it_looked() -> None:
     assert done.returncode == 1
     assert f"error: cannot connect to Temporal at 127.0.0.1:{port}" in done.stderr
     assert "Start a local server with `durably dev`" in done.stderr
+
+
+async def test_start_waits_for_the_output_and_cancel_ends_a_waiting_run(
+    env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
+) -> None:
+    greeter = Agent(id="greeter", model=ScriptedModel(["hello from the cli"]), instructions="")
+    asker = Agent(
+        id="asker",
+        model=ScriptedModel([tool_call("ask", question="which?"), "done"]),
+        instructions="",
+        tools=[question_tool(name="ask", description="Ask.")],
+    )
+    await runtimes.start(
+        [AgentRegistration(greeter, version="1"), AgentRegistration(asker, version="1")]
+    )
+
+    run_id = f"cli-{uuid.uuid4().hex[:8]}"
+    started = await durably(
+        env, "start", "greeter", "hi", "--run-id", run_id, "--wait",
+        "--task-queue", client.task_queue,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert f"Started run {run_id}" in started.stdout
+    assert "Completed after 1 turn(s)" in started.stdout
+    assert "hello from the cli" in started.stdout
+
+    run = await client.start_run("asker", "go")
+    await wait_for_status(run, RunStatus.WAITING)
+    cancelled = await durably(env, "cancel", run.run_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    with pytest.raises(RunCancelledError):
+        await run.result()
+    assert (await run.snapshot()).status == RunStatus.CANCELLED
