@@ -14,6 +14,7 @@ from durably import (
     DurableClient,
     DurableConflictError,
     InvalidResponseError,
+    RunCancelledError,
     RunFailedError,
     RunHandle,
     RunStatus,
@@ -269,7 +270,7 @@ class TestSafeAndIdempotentTools:
         ]
         await record_history(client, run.run_id, "failed_then_retried")
 
-    async def test_retry_is_rejected_on_completed_and_cancelled_runs(
+    async def test_retry_is_rejected_on_completed_runs(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
         await runtimes.start([ticket_agent(Journal(), recovery="safe")])
@@ -277,3 +278,14 @@ class TestSafeAndIdempotentTools:
         await done.result()
         with pytest.raises(DurableConflictError, match="closed"):
             await done.retry()
+
+    async def test_retry_is_rejected_on_cancelled_runs(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        run, journal = await blocked_run(client, runtimes)
+        await run.cancel()
+        with pytest.raises(RunCancelledError):
+            await run.result()
+        with pytest.raises(DurableConflictError, match="closed"):
+            await run.retry()
+        assert len(journal.calls) == 1
