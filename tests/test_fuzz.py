@@ -959,6 +959,7 @@ async def test_retry_is_a_conflict_naming_the_status_on_every_run_it_does_not_ap
         for status, junk in attempts:
             run = runs[status]
             before_len = await bench.length(run)
+            message: str | None
             if junk is None:
                 with pytest.raises(DurableConflictError) as caught:
                     await asyncio.wait_for(run.retry(), 10)
@@ -974,8 +975,9 @@ async def test_retry_is_a_conflict_naming_the_status_on_every_run_it_does_not_ap
                 with pytest.raises(RPCError) as rpc_caught:
                     await asyncio.wait_for(bench.raw(run).execute_update("retry", junk), 10)
                 assert rpc_caught.value.status == RPCStatusCode.NOT_FOUND
-                message = status.value
-            assert any(word in message for word in STATUS_WORDS[status]), (status, message)
+                message = None
+            if message is not None:  # durably's own rejection says the status
+                assert any(word in message for word in STATUS_WORDS[status]), (status, message)
             assert await bench.recorded_since(run, before_len) == []
             assert (await run.snapshot()).status == status
 
