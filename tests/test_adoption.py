@@ -13,6 +13,7 @@ from durably import (
     Agent,
     AgentRegistration,
     DurableClient,
+    DurableRuntime,
     DurablyPlugin,
     ScriptedModel,
 )
@@ -52,3 +53,13 @@ async def test_connect_reads_the_standard_temporal_environment(
 
     assert client.temporal.namespace == "default"
     assert await client.list_runs(agent_id=f"nobody-{uuid.uuid4().hex}") == []
+
+
+async def test_a_runtime_refuses_a_task_queue_its_client_contradicts(
+    env: WorkflowEnvironment,
+) -> None:
+    client = DurableClient(env.client, task_queue="queue-a")
+    with pytest.raises(ValueError, match="differs from the given client's task queue 'queue-a'"):
+        await DurableRuntime.open(client=client, task_queue="queue-b")
+    runtime = await DurableRuntime.open(client=client)
+    assert runtime.client.task_queue == "queue-a"

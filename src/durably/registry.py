@@ -91,5 +91,6 @@ class AgentRegistry:
 
     def describe(self) -> str:
         """A short list for error messages: `support-desk@1, triage@2`."""
-        keys = sorted(self._by_key)
+        with self._lock:
+            keys = sorted(self._by_key)
         return ", ".join(f"{a}@{v}" for a, v in keys) or "no agents"

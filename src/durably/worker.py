@@ -71,6 +71,11 @@ class DurableRuntime:
         if client is None:
             durable = await DurableClient.connect(target, namespace, task_queue)
         elif isinstance(client, DurableClient):
+            if task_queue != DEFAULT_TASK_QUEUE and task_queue != client.task_queue:
+                raise ValueError(
+                    f"task_queue={task_queue!r} differs from the given client's task queue "
+                    f"{client.task_queue!r}; the client's wins, so pass one or the other"
+                )
             durable = client
         else:
             durable = DurableClient(client, task_queue=task_queue)
