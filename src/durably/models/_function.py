@@ -21,7 +21,14 @@ from durably.messages import (
 )
 from durably.models._base import RETRYABLE, ErrorClassifier, ModelErrorVerdict
 
-__all__ = ["FunctionModel", "ScriptedModel", "Step", "final", "tool_call"]
+__all__ = [
+    "FunctionModel",
+    "ScriptedModel",
+    "Step",
+    "final",
+    "last_tool_results",
+    "tool_call",
+]
 
 ModelFunction = Callable[
     [ModelRequest], "ModelResponse | AssistantMessage | Awaitable[ModelResponse | AssistantMessage]"

@@ -61,6 +61,8 @@ class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
     `output_schema` (a pydantic model or a JSON schema) asks for a final
     answer that is JSON of that shape (`response_format` `json_schema`).
     `extra_body` is merged into every request, for server-specific settings.
+    `max_tokens` is sent as `max_tokens`, which compatible servers expect;
+    OpenAI's reasoning models want `extra_body={"max_completion_tokens": n}`.
     A ready `client` (an `openai.AsyncOpenAI`, e.g. for Azure) may replace
     `base_url`/`api_key`/`timeout`; durably uses a copy with retries off.
     """
