@@ -33,6 +33,7 @@ from durably.contract import SEARCH_ATTRIBUTES
 from durably.dev import DevServer
 from durably.messages import AssistantMessage, ModelRequest
 from durably.models import last_tool_results
+from durably.workflows.agent_run import PATCHES
 
 BIN = Path(sys.executable).parent
 
@@ -112,6 +113,9 @@ async def runtimes(client: DurableClient) -> AsyncIterator[Runtimes]:
 
 
 HISTORIES = Path(__file__).parent / "histories"
+# Histories are recorded into the folder of the newest workflow patch (0.1.0
+# before any): each patch's folder shows runs that took its new branches.
+RECORDING = HISTORIES / (PATCHES[-1] if PATCHES else "0.1.0")
 
 
 async def record_history(
@@ -126,12 +130,12 @@ async def record_history(
     """
     import os
 
-    path = HISTORIES / f"{name}.json"
+    path = RECORDING / f"{name}.json"
     if os.environ.get("DURABLY_RECORD_HISTORIES") != "1" or path.exists():
         return  # never overwrite: an old recording is what proves compatibility
     handle = client.temporal.get_workflow_handle(run_id, run_id=temporal_run_id)
     history = await handle.fetch_history()
-    HISTORIES.mkdir(exist_ok=True)
+    RECORDING.mkdir(parents=True, exist_ok=True)
     path.write_text(history.to_json())
 
 

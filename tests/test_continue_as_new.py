@@ -78,13 +78,9 @@ async def test_a_long_run_continues_as_new_and_keeps_its_id_transcript_and_event
     statuses = sorted(w.status.name for w in runs if w.status is not None)
     assert WorkflowExecutionStatus.CONTINUED_AS_NEW.name in statuses
     assert statuses.count(WorkflowExecutionStatus.COMPLETED.name) == 1
-    await record_history(client, run.run_id, "completed_after_continue_as_new")
     first_run = (await _chain(env, run.run_id))[0][0]
     await record_history(client, run.run_id, "continued_as_new_archiving_transcript", first_run)
     await record_history(client, run.run_id, "completed_after_restoring_transcript")
-    # The same, for runs started after `durably-pin-in-first-task`.
-    await record_history(client, run.run_id, "continued_as_new_pinned_in_first_task", first_run)
-    await record_history(client, run.run_id, "completed_after_restore_pinned_in_first_task")
 
 
 BIG_TURNS = 10

@@ -1,6 +1,6 @@
 """Recorded histories replay against the current workflow code.
 
-Each file in `tests/histories/` is a run recorded by an earlier release
+Each file in `tests/histories/*/` is a run recorded by an earlier release
 (`DURABLY_RECORD_HISTORIES=1 pytest`). A workflow change that would break
 those runs in production fails here: guard it with `workflow.patched()`.
 """
@@ -18,8 +18,11 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from durably.workflows import AgentRunWorkflow
 
+_ROOT = Path(__file__).parent / "histories"
+# By folder: `0.1.0/` was recorded by that release, `<patch id>/` by the code
+# that introduced the patch.
 HISTORIES = {
-    p.stem: p.read_text() for p in sorted((Path(__file__).parent / "histories").glob("*.json"))
+    f"{p.parent.name}/{p.stem}": p.read_text() for p in sorted(_ROOT.glob("*/*.json"))
 }
 
 
@@ -52,7 +55,7 @@ async def test_a_clock_read_in_the_workflow_fails_the_sandboxed_replay(
 ) -> None:
     """The sandbox pass above can fail: a wall-clock read in the workflow module is caught."""
     leaky_module = _leaky_workflow_module(tmp_path, monkeypatch)
-    name = "completed_pinned_in_first_task"
+    name = "0.1.0/completed_two_tool_turns"
     history = WorkflowHistory.from_json(name, HISTORIES[name])
 
     unsandboxed = Replayer(

@@ -125,5 +125,3 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
     assert f"{run.run_id}/tool:1:call_search_kb" in SEEN_OPERATIONS
     assert f"{run.run_id}/tool:2:c2" in SEEN_OPERATIONS
     await record_history(client, run.run_id, "completed_two_tool_turns")
-    await record_history(client, run.run_id, "completed_version_published_at_pin")
-    await record_history(client, run.run_id, "completed_pinned_in_first_task")

@@ -28,13 +28,13 @@ activities travel as references (`MessageRef`), and the model activity
 rebuilds the transcript from its worker's cache or this workflow's
 `transcript` query. History grows by each turn's own data, once.
 
-Versioning discipline (once histories exist in the wild): any change to
-the commands this workflow issues, or their order, goes behind
-``if self._patched("durably-<what-changed>")``; when no run started
-before the change can still be open, switch to
-``workflow.deprecate_patch("durably-<what-changed>")`` and drop the old
-branch; one release later, drop the call. Each step gets a recorded history
-in ``tests/histories/`` that CI replays.
+Versioning discipline: 0.1.0 is the baseline (no patch in its code). Any
+change to the commands this workflow issues, or their order, goes behind a
+patch id listed in `PATCHES` and checked with ``self._patched(...)``; when
+no run started before the change can still be open, switch to
+``workflow.deprecate_patch(...)`` and drop the old branch; one release
+later, drop the call. Each patch gets recorded histories in
+``tests/histories/<patch id>/`` that CI replays, beside those of 0.1.0.
 
 The workflow runs outside Temporal's sandbox (`sandboxed=False`): the
 sandbox re-imports this module for every run and runs every activation
@@ -42,11 +42,6 @@ through `exec`, which cost a quarter of each workflow task and held
 throughput at 0.73-0.85x a plain workflow's. No user code runs here, only
 this module, and CI replays every recorded history inside the sandbox too,
 which still catches a clock, randomness or I/O reached for here.
-
-Every patch costs a run a marker and a `TemporalChangeVersion` upsert (a
-billable action), so a run started by this code checks one patch,
-`_PATCHES_SO_FAR`, which stands for every patch before it; runs started
-earlier replay through the individual ones.
 """
 
 from __future__ import annotations
@@ -122,7 +117,10 @@ with workflow.unsafe.imports_passed_through():
         parse_request,
     )
 
-__all__ = ["AgentRunWorkflow"]
+__all__ = ["PATCHES", "AgentRunWorkflow"]
+
+# Every patch since 0.1.0, oldest first (see the module docstring).
+PATCHES: tuple[str, ...] = ()
 
 T = TypeVar("T")
 _EVENTS_KEPT = 50
@@ -131,18 +129,12 @@ _DETAIL_KEPT = 1_000
 # size, that copy plus a run's own growth would near Temporal's 50 MB
 # history limit (and no model reads that much at once).
 _MAX_CARRIED_TRANSCRIPT = 32 * 2**20
-_ARCHIVE_PATCH = "durably-archive-transcript-on-continue-as-new"
 # What else continue-as-new carries, bounded: the answers a repeated response
 # can still match (older repeats are rejected as unknown; the answers
 # themselves stay in the transcript), and inline messages of the last turn.
 _ANSWERS_CARRIED = 100
 _ANSWERS_CARRIED_BYTES = 256 * 2**10
 _DELTA_CARRIED = 64 * 2**10
-# Also moves the pin into the run's first workflow task (a local activity):
-# a round trip and an activity fewer per run. It is checked before that
-# local activity runs: a patch marker recorded after a local activity's in
-# the same task does not replay.
-_PATCHES_SO_FAR = "durably-pin-in-first-task"
 # Crashed model requests (worker died, timed out) run again even without
 # model_retry: a model request has no side effect.
 _MODEL_CRASH_ATTEMPTS = 3
@@ -175,7 +167,6 @@ class AgentRunWorkflow:
         # counted toward continuing as new again.
         self._base_events = 0
         self._base_bytes = 0
-        self._current = False  # set first thing in run(): see _PATCHES_SO_FAR
         # The time events get until the pin's workflow task ends: a local
         # activity's completion moves `workflow.now()` differently on replay.
         self._pin_clock: datetime | None = None
@@ -183,7 +174,6 @@ class AgentRunWorkflow:
     @workflow.run
     async def run(self, input: RunInput) -> RunResult:
         s = self._s
-        self._current = workflow.patched(_PATCHES_SO_FAR)
         workflow.set_current_details(f"Starting a run of agent `{s.agent_id}`")
         self._publish()
         try:
@@ -193,8 +183,7 @@ class AgentRunWorkflow:
                 s.pin = await self._operation("pin", self._pin)
                 self._event("agent_pinned", detail=f"{s.pin.agent_id}@{s.pin.version}")
                 self._pin_clock = None
-                if self._patched("durably-publish-version-when-pinned"):
-                    self._publish()  # DurablyAgentVersion, from the start of the run
+                self._publish()  # DurablyAgentVersion, from the start of the run
                 self._append(UserMessage(content=s.input))
             pin = s.pin
             while True:
@@ -255,22 +244,16 @@ class AgentRunWorkflow:
             self._publish()
             raise
 
-    def _patched(self, patch_id: str) -> bool:
-        """`workflow.patched(patch_id)`, true without a marker for runs started by this code."""
-        return self._current or workflow.patched(patch_id)
-
     def _history_nearly_full(self, pin: AgentPin) -> bool:
         """Time to continue as new: the history is approaching Temporal's limits.
 
-        Runs started before the patch followed the server's suggestion (from
-        4,000 events by default), which copied the transcript into a new run
-        far earlier than needed. What a run spent restoring its predecessor's
-        transcript does not count: otherwise, once the transcript neared the
-        threshold, every run would continue as new again at once.
+        Not at the server's suggestion (from 4,000 events by default), which
+        copies the transcript into a new run far earlier than needed. What a
+        run spent restoring its predecessor's transcript does not count:
+        otherwise, once the transcript neared the threshold, every run would
+        continue as new again at once.
         """
         info = workflow.info()
-        if not self._patched("durably-continue-as-new-near-history-limits"):
-            return info.is_continue_as_new_suggested()
         return (
             info.get_current_history_length() - self._base_events >= pin.continue_as_new_events
             or info.get_current_history_size() - self._base_bytes >= pin.continue_as_new_bytes
@@ -280,16 +263,13 @@ class AgentRunWorkflow:
         """Continue as new (this never returns), unless the transcript is too large to carry."""
         s = self._s
         await workflow.wait_condition(workflow.all_handlers_finished)
-        carried = s
-        if self._patched(_ARCHIVE_PATCH):
-            size = sum(encoded_size(m) for m in s.transcript)
-            if size > _MAX_CARRIED_TRANSCRIPT:
-                await self._park(
-                    RunStatus.FAILED, error=_transcript_too_large(size), retryable=False
-                )
-                return
-            carried = self._archived()
-        workflow.continue_as_new(RunInput(agent_id=s.agent_id, input=s.input, carried=carried))
+        size = sum(encoded_size(m) for m in s.transcript)
+        if size > _MAX_CARRIED_TRANSCRIPT:
+            await self._park(RunStatus.FAILED, error=_transcript_too_large(size), retryable=False)
+            return
+        workflow.continue_as_new(
+            RunInput(agent_id=s.agent_id, input=s.input, carried=self._archived())
+        )
 
     def _archived(self) -> RunState:
         """The state to continue as new with, of a bounded size however long the run.
@@ -502,11 +482,10 @@ class AgentRunWorkflow:
         s = self._s
         workflow.set_current_details(f"Resolving the registration of agent `{s.agent_id}`")
         request = PinRequest(agent_id=s.agent_id, version=s.requested_version)
-        execute: Callable[..., Awaitable[Any]] = workflow.execute_activity
-        if self._current:  # in this workflow task, as a local activity
-            self._pin_clock = workflow.now()
-            execute = workflow.execute_local_activity
-        pin: AgentPin = await execute(
+        # In the run's first workflow task, as a local activity: a round trip
+        # and an activity fewer per run.
+        self._pin_clock = workflow.now()
+        pin: AgentPin = await workflow.execute_local_activity(
             ACTIVITY_PIN,
             request,
             result_type=AgentPin,
@@ -634,7 +613,7 @@ class AgentRunWorkflow:
             # An operation that completes while the run is being cancelled hands back its
             # result and erases the cancellation (WAIT_CANCELLATION_COMPLETED).
             cancelled = workflow.cancellation_reason() is not None
-            if cancelled and self._patched("durably-cancel-after-completed-operation"):
+            if cancelled:
                 raise asyncio.CancelledError()
             return result
 
