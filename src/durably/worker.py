@@ -26,6 +26,7 @@ import structlog
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from durably.activities import TranscriptCache
 from durably.agents import AgentRegistration
 from durably.client import DurableClient
 from durably.contract import DEFAULT_TASK_QUEUE
@@ -65,9 +66,22 @@ class DurableRuntime:
         agents: Iterable[AgentRegistration] = (),
         client: DurableClient | Client | None = None,
         graceful_shutdown: timedelta = timedelta(seconds=10),
+        transcript_cache_bytes: int | None = None,
         **worker_options: Any,
     ) -> DurableRuntime:
-        """Connect (or use `client`) and register `agents`; executes nothing yet."""
+        """Connect (or use `client`) and register `agents`; executes nothing yet.
+
+        `transcript_cache_bytes` bounds the worker's transcript cache (256 MiB
+        by default, `0` turns it off): least recently used runs are evicted
+        past it, and a run that does not fit rebuilds its transcript from the
+        workflow on every model request. Other keywords go to Temporal's
+        `Worker`.
+
+        .. versionchanged:: Unreleased
+           The `transcript_cache_bytes` keyword.
+        """
+        # Checked before connecting: a bad bound should not cost a connection.
+        cache = None if transcript_cache_bytes is None else TranscriptCache(transcript_cache_bytes)
         if client is None:
             durable = await DurableClient.connect(target, namespace, task_queue)
         elif isinstance(client, DurableClient):
@@ -79,7 +93,7 @@ class DurableRuntime:
             durable = client
         else:
             durable = DurableClient(client, task_queue=task_queue)
-        plugin = DurablyPlugin(AgentRegistry(agents))
+        plugin = DurablyPlugin(AgentRegistry(agents), transcript_cache=cache)
         options: dict[str, Any] = {
             "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
             "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
@@ -206,10 +220,18 @@ async def run_worker(
     namespace: str | None = None,
     task_queue: str = DEFAULT_TASK_QUEUE,
     stop: asyncio.Event | None = None,
+    transcript_cache_bytes: int | None = None,
 ) -> None:
-    """Host the registrations at `agents` until `stop` is set (or forever)."""
+    """Host the registrations at `agents` until `stop` is set (or forever).
+
+    `transcript_cache_bytes` is `DurableRuntime.open`'s.
+    """
     runtime = await DurableRuntime.open(
-        target, namespace, task_queue, agents=load_registrations(agents)
+        target,
+        namespace,
+        task_queue,
+        agents=load_registrations(agents),
+        transcript_cache_bytes=transcript_cache_bytes,
     )
     _log.info("worker started", task_queue=task_queue, agents=runtime.registry.describe())
     await runtime.serve(stop or asyncio.Event())
