@@ -179,11 +179,19 @@ class Journal:
             self.offsets[path] = self.offsets.get(path, 0) + end
             for line in data[:end].splitlines():
                 entry = json.loads(line)
+                entry["op"] = _run_op(entry["op"])
                 self.entries.append(entry)
                 self.by_op[entry["op"]].append(entry)
 
     def of(self, op: str, event: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.by_op.get(op, []) if event is None or e["ev"] == event]
+
+
+def _run_op(operation_id: str) -> str:
+    """`{run_id}/{checkpoint key}` of an operation id, which since 0.1.0 also holds the
+    chain's first run id between them (chaos run ids hold no "/")."""
+    run_id, *_, key = operation_id.split("/")
+    return f"{run_id}/{key}"
 
 
 # -- worker processes ------------------------------------------------------------------
@@ -744,6 +752,7 @@ class Soak:
         for entry in self.journal.entries:
             ops[entry["op"]].append(entry)
         tool_of = {op: entries[0]["tool"] for op, entries in ops.items()}
+        ticket_of = {_run_op(key): ticket for key, ticket in self.tickets.tickets.items()}
 
         # Runs.
         lost = [r for r in self.run_ids if statuses.get(r) != "completed"]
@@ -827,7 +836,7 @@ class Soak:
                 if result["error"]:
                     ok = op in denied and result["content"].startswith("denied:")
                 elif tool == "create_ticket":
-                    ok = json.loads(result["content"]) == {"ticket_id": self.tickets.tickets[op]}
+                    ok = json.loads(result["content"]) == {"ticket_id": ticket_of[op]}
                 elif tool in manual:
                     ok = bool(effects) and json.loads(result["content"]) == effects[-1]["result"]
                 else:

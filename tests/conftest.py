@@ -13,9 +13,11 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.client import WorkflowHistory
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -93,10 +95,15 @@ class Runtimes:
         self.opened: list[DurableRuntime] = []
 
     async def start(
-        self, agents: Sequence[AgentRegistration], *, cache: TranscriptCache | None = None
+        self,
+        agents: Sequence[AgentRegistration],
+        *,
+        cache: TranscriptCache | None = None,
+        **options: Any,
     ) -> DurableRuntime:
-        """A resumed runtime hosting `agents` (with its transcript cache replaced by `cache`)."""
-        runtime = await DurableRuntime.open(client=self.client, agents=agents)
+        """A resumed runtime hosting `agents` (with its transcript cache replaced by `cache`;
+        `options` go to `DurableRuntime.open`)."""
+        runtime = await DurableRuntime.open(client=self.client, agents=agents, **options)
         if cache is not None:
             runtime.plugin.agent_activities.cache = cache
         await runtime.resume()
@@ -285,3 +292,49 @@ async def wait_for_interaction(
                 if snap.status == RunStatus.WAITING and pending.get("id") == interaction_id:
                     return snap
             await asyncio.sleep(0.05)
+
+
+async def operation_id(client: DurableClient, run: RunHandle, key: str) -> str:
+    """The `ctx.operation_id` of checkpoint `key`: run id, the chain's first run id, key."""
+    description = await client.temporal.get_workflow_handle(run.run_id).describe()
+    first_run = description.raw_description.workflow_execution_info.first_run_id
+    return f"{run.run_id}/{first_run}/{key}"
+
+
+async def chain_histories(client: DurableClient, run_id: str) -> list[WorkflowHistory]:
+    """Every run of the run's continue-as-new chain, oldest first, read from history
+    (visibility may not list a run that has just continued)."""
+    handle = client.temporal.get_workflow_handle(run_id)
+    first = (await handle.describe()).raw_description.workflow_execution_info.first_run_id
+    histories = []
+    temporal_run_id: str | None = first
+    while temporal_run_id:
+        history = await client.temporal.get_workflow_handle(
+            run_id, run_id=temporal_run_id
+        ).fetch_history()
+        histories.append(history)
+        last = history.events[-1]
+        temporal_run_id = (
+            last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+            if last.HasField("workflow_execution_continued_as_new_event_attributes")
+            else None
+        )
+    return histories
+
+
+def failed_tasks(histories: Sequence[WorkflowHistory]) -> list[str]:
+    """Why each workflow task in `histories` failed (none, for a healthy run).
+
+    Left out: the server refusing a completion because a signal arrived while
+    the task ran (`UnhandledCommand`), which Temporal answers with a new task
+    holding that signal; a run continuing as new under a flood of signals
+    sees it, and it is nobody's error.
+    """
+    unhandled = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+    return [
+        e.workflow_task_failed_event_attributes.failure.message
+        for h in histories
+        for e in h.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+        and e.workflow_task_failed_event_attributes.cause != unhandled
+    ]

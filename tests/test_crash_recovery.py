@@ -36,7 +36,7 @@ from durably.contract import SA_STATUS
 from durably.dev import DevServer
 from durably.models import tool_call
 
-from .conftest import search_attribute, serving, wait_for_status
+from .conftest import operation_id, search_attribute, serving, wait_for_status
 from .crash_agents import HEARTBEAT, Ticket, TicketId
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,7 +196,9 @@ class TestManualToolCrash:
         result = await run.result()
 
         assert result.output == '{"ticket_id":"T-42"}'
-        assert [e["op"] for e in crashes.journal(kind="tool")] == [f"{run.run_id}/tool:1:c1"]
+        assert [e["op"] for e in crashes.journal(kind="tool")] == [
+            await operation_id(client, run, "tool:1:c1")
+        ]
 
 
 class TestSafeAndIdempotentCrash:
@@ -226,7 +228,7 @@ class TestSafeAndIdempotentCrash:
         crashes.worker()
         result = await asyncio.wait_for(run.result(), 60)
 
-        op = f"{run.run_id}/tool:1:c1"
+        op = await operation_id(client, run, "tool:1:c1")
         calls = crashes.journal(kind="tool")
         assert [(e["op"], e["attempt"]) for e in calls] == [(op, 1), (op, 2)]
         assert crashes.dedup.requests == 2
@@ -282,6 +284,7 @@ class TestServerRestart:
             assert after == before
             await run.resolve_tool("tool:1:c1", {"type": "error", "message": "not created"})
             result = await run.result()
+            op = await operation_id(client, run, "tool:1:c1")
 
         assert result.output == "filed"
-        assert ran == [f"{run.run_id}/tool:1:c1"]
+        assert ran == [op]

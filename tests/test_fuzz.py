@@ -36,8 +36,10 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -60,17 +62,29 @@ from durably import (
     tool,
 )
 from durably.contract import (
+    MAX_ANSWER_BYTES,
+    MAX_NAME_CHARS,
+    MAX_REASON_CHARS,
+    MAX_TOKEN_CHARS,
     ApprovalResponse,
     JsonResolution,
     Resolution,
     ResolveToolRequest,
     RespondRequest,
     Response,
+    RunEvent,
 )
 from durably.messages import AssistantMessage, ToolCall, UserMessage
 from durably.models import last_tool_results, tool_call
 
-from .conftest import Runtimes, record_history, wait_for_interaction, wait_for_status
+from .conftest import (
+    Runtimes,
+    chain_histories,
+    failed_tasks,
+    record_history,
+    wait_for_interaction,
+    wait_for_status,
+)
 
 # A rejection message is read by a person and travels in update outcomes and
 # run events: it says what was wrong without echoing a huge input back.
@@ -238,6 +252,15 @@ REGISTRATIONS = [
     # it), so the gated model answers before a heartbeat could report a cancellation.
     _agent("gated", FunctionModel(gated, name="fuzz-gated"), [hold], heartbeat=60),
     _agent("planned_approval", FunctionModel(planned, name="fuzz-planned"), [refund]),
+    # Continues as new after 4 MiB of history, so payloads near Temporal's limits
+    # make it continue as new while it waits.
+    AgentRegistration(
+        Agent(
+            id="flooded", model=ScriptedModel([TWO_REFUNDS, echo]), instructions="", tools=[refund]
+        ),
+        version="1",
+        continue_as_new_bytes=4 * 2**20,
+    ),
 ]
 
 APPROVE = {"type": "tool-approval", "approved": True}
@@ -299,7 +322,7 @@ def response_like() -> SearchStrategy[dict[str, Any]]:
         optional={
             "type": st.sampled_from(["tool-approval", "question", "approval", "Question", ""])
             | TEXT,
-            "approved": JSON | st.sampled_from([True, False, "maybe"]),
+            "approved": JSON | st.sampled_from([True, False, "maybe", "on", "1", 1, 0, "true"]),
             "reason": JSON | TEXT,
             "answer": JSON | TEXT,
             "args_digest": st.none() | TEXT | st.just("0" * 32),
@@ -380,12 +403,13 @@ class Pending(BaseModel):
     answered: dict[str, tuple[Any, ...]] = {}  # id -> (approved, reason, answer)
 
 
-def accepts_response(p: Pending, iid: str, response: Any) -> bool:
-    """Whether durably's rules accept `response` for `iid` (a repeat counts as accepted)."""
-    if iid not in p.kinds:
+def accepts_response(p: Pending, iid: str, response: Any, responder: Any = None) -> bool:
+    """Whether durably's rules accept `response` for `iid` (a repeat counts as accepted):
+    the right shape with strict types, and bounded text (SPEC section 20)."""
+    if iid not in p.kinds or not plain_name(responder):
         return False
     try:
-        r = _RESPONSE.validate_python(response)
+        r = _RESPONSE.validate_python(response, strict=True)
     except ValidationError:
         return False
     if r.type != p.kinds[iid]:
@@ -393,10 +417,27 @@ def accepts_response(p: Pending, iid: str, response: Any) -> bool:
     if isinstance(r, ApprovalResponse):
         if r.args_digest not in (None, p.digests[iid]):
             return False
+        if r.reason is not None and len(r.reason) > MAX_REASON_CHARS:
+            return False
+        if r.token is not None and len(r.token) > MAX_TOKEN_CHARS:
+            return False
         decision: tuple[Any, ...] = (r.approved, r.reason, None)
     else:
+        if len(r.answer.encode("utf-8", "surrogatepass")) > MAX_ANSWER_BYTES:
+            return False
         decision = (None, None, r.answer)
     return iid not in p.answered or p.answered[iid] == decision
+
+
+def plain_name(value: Any) -> bool:
+    """A responder or identity durably records: absent, or a short name without controls."""
+    if value is None:
+        return True
+    return (
+        isinstance(value, str)
+        and len(value) <= MAX_NAME_CHARS
+        and not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value)
+    )
 
 
 def accepts_resolution(operation: Any, resolution: Any) -> bool:
@@ -417,7 +458,9 @@ def accepts_raw(update: str, p: Pending, args: tuple[Any, ...]) -> bool:
     try:
         if update == "respond":
             req = RespondRequest.model_validate(args[0])
-            return accepts_response(p, req.interaction_id, req.response)
+            return plain_name(req.identity) and accepts_response(
+                p, req.interaction_id, req.response, req.responder
+            )
         res = ResolveToolRequest.model_validate(args[0])
     except ValidationError:
         return False
@@ -595,6 +638,16 @@ def _last_seq(snap: RunSnapshot) -> int:
     return snap.events[-1].seq if snap.events else 0
 
 
+def _recorded(before: RunSnapshot, after: RunSnapshot) -> list[RunEvent]:
+    """The events recorded between two snapshots; a rejection that repeats the last one
+    exactly is counted on it (`count`) instead of recorded again."""
+    new = [e for e in after.events if e.seq > _last_seq(before)]
+    if not new and before.events and after.events[-1].seq == before.events[-1].seq:
+        again = after.events[-1].count - before.events[-1].count
+        return [after.events[-1]] * again
+    return new
+
+
 def _interaction(snap: RunSnapshot) -> dict[str, Any]:
     assert snap.outcome is not None and snap.outcome["type"] == "interaction", snap
     interaction: dict[str, Any] = snap.outcome["interaction"]
@@ -661,7 +714,7 @@ async def test_respond_rejects_every_invalid_response_and_changes_nothing(bench:
 
     async def prop(target: str, iid: str, response: dict[str, Any], responder: str | None) -> None:
         run, pending = parked[target]
-        if accepts_response(pending, iid, response) or too_big(iid, response, responder):
+        if accepts_response(pending, iid, response, responder) or too_big(iid, response, responder):
             return  # valid (accepting it is right, and would move the parked run on)
         before_len = await bench.length(run)
         before = await run.snapshot()
@@ -694,6 +747,9 @@ async def test_respond_rejects_every_invalid_response_and_changes_nothing(bench:
             ("approval", "approval:1:b", {**APPROVE, "args_digest": "0" * 32}, None),
             ("question", "question:1:call_ask_user", {"type": "question", "answer": 7}, None),
             ("approval", "approval:1:b", {"type": "tool-approval", "approved": HUGE_X}, None),
+            # Consent is a JSON boolean: "on", "1" or 1 are not an approval.
+            ("approval", "approval:1:b", {"type": "tool-approval", "approved": "on"}, None),
+            ("approval", "approval:1:b", {"type": "tool-approval", "approved": 1}, None),
         ],
     )
     await bench.assert_no_failed_task(approval)
@@ -780,7 +836,7 @@ async def test_respond_signal_never_fails_a_task_and_records_every_rejection(
         after = await run.snapshot()
         assert after.status == RunStatus.WAITING
         assert _interaction(after) == _interaction(before)
-        new = [e for e in after.events if e.seq > _last_seq(before)]
+        new = _recorded(before, after)
         assert [e.type for e in new] == ["response_rejected"], (
             f"signal {args!r:.300} left events {[(e.type, e.detail) for e in new]} "
             "(expected exactly one response_rejected)"
@@ -1109,6 +1165,121 @@ async def test_malformed_model_output_is_answered_with_errors_and_the_run_comple
     )
 
 
+# -- 6. payloads near Temporal's limits ------------------------------------------------
+
+# Temporal refuses a payload over 2 MB before any workflow code runs; just under it,
+# the workflow must refuse or record the input without copying it again. Updates stay
+# under 1 MB: a rejected update's request travels back in the rejection (see the module
+# docstring). pydantic's JSON stops at 200 levels of nesting; deeper payloads cannot
+# even be decoded and must be refused as such.
+SIGNAL_BYTES = st.integers(1_000_000, 1_900_000)
+UPDATE_BYTES = st.integers(200_000, 950_000)
+DEPTHS = st.sampled_from([50, 150, 199, 201, 260, 1_000, 5_000])
+
+
+def nested(depth: int) -> str:
+    """JSON text of lists and objects nested `depth` levels deep (past what Python's own
+    encoder and pydantic's decoder accept, so it is written out by hand)."""
+    opening = "".join('{"k":' if level % 2 else "[" for level in range(depth))
+    closing = "".join("}" if level % 2 else "]" for level in reversed(range(depth)))
+    return f'{opening}"x"{closing}'
+
+
+_PLACEHOLDER = "\u0000placeholder\u0000"
+
+
+def at_the_limit(sizes: SearchStrategy[int]) -> SearchStrategy[RawValue]:
+    """A respond request (as a raw JSON payload) with one huge or deeply nested field,
+    for an interaction the run does not have."""
+    big = st.builds(
+        lambda n, unit: json.dumps(unit * (n // len(unit.encode())), ensure_ascii=False),
+        sizes,
+        st.sampled_from(["x", "é", "🦆"]),
+    )
+    field = st.sampled_from(
+        ["interaction_id", "responder", "identity", "answer", "reason", "junk", "args_digest"]
+    )
+    return st.builds(limit_request, field, big | DEPTHS.map(nested))
+
+
+def limit_request(field: str, value_json: str) -> RawValue:
+    # An interaction the run never asked about: whatever the field, the run refuses it.
+    response: dict[str, Any] = {"type": "tool-approval", "approved": True}
+    request: dict[str, Any] = {"interaction_id": "approval:9:zz", "response": response}
+    if field in ("interaction_id", "responder", "identity"):
+        request[field] = _PLACEHOLDER
+    elif field == "answer":
+        request["response"] = {"type": "question", "answer": _PLACEHOLDER}
+    else:
+        response[field] = _PLACEHOLDER
+    text = json.dumps(request).replace(json.dumps(_PLACEHOLDER), value_json)
+    return RawValue(Payload(metadata={"encoding": b"json/plain"}, data=text.encode()))
+
+
+async def test_payloads_near_temporals_limits_never_fail_a_task_or_end_the_run(
+    bench: Bench,
+) -> None:
+    """Huge (up to 1.9 MB) and deeply nested (up to 5,000 levels) payloads, through
+    `respond` and `respond_signal`: each is refused or recorded as rejected, the run
+    keeps waiting on the same interaction (continuing as new as its history fills),
+    no workflow task fails, the run is never terminated, and what the workflow itself
+    adds to history per input is bounded (never a copy of the input)."""
+    run = await bench.start("flooded")
+    await bench.waiting_on(run, "approval:1:a")
+    await run.respond("approval:1:a", APPROVE, responder="fixture")
+    waiting = _interaction(await bench.waiting_on(run, "approval:1:b"))
+    handle = bench.raw(run)
+
+    async def prop(path: str, request: RawValue) -> None:
+        runs_before = len(await chain_histories(bench.client, run.run_id))
+        before_len = await bench.length(run)
+        if path == "update":
+            with pytest.raises(WorkflowUpdateFailedError):
+                await asyncio.wait_for(handle.execute_update("respond", request), 20)
+        else:
+            await asyncio.wait_for(handle.signal("respond_signal", request), 20)
+        await bench.settled(run, within=20)
+        histories = await chain_histories(bench.client, run.run_id)
+        assert failed_tasks(histories) == [], failed_tasks(histories)[:1]
+        described = await handle.describe()
+        assert described.status == WorkflowExecutionStatus.RUNNING
+        assert _interaction(await run.snapshot()) == waiting
+        if len(histories) == runs_before:  # no continue-as-new in between
+            added = [
+                e
+                for e in histories[-1].events[before_len:]
+                if e.event_type not in _TASK_BOOKKEEPING
+                and e.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+            ]
+            assert sum(e.ByteSize() for e in added) <= 8_192, [
+                EventType.Name(e.event_type) for e in added
+            ]
+        else:  # what continuing as new carried: bounded, never the inputs
+            continued = (
+                histories[-2].events[-1].workflow_execution_continued_as_new_event_attributes
+            )
+            assert continued.input.ByteSize() <= 300_000
+
+    await check(
+        prop,
+        st.just("signal"),
+        at_the_limit(SIGNAL_BYTES),
+        max_examples=10,
+        shrink=False,
+        examples=[("signal", limit_request("junk", nested(5_000)))],
+    )
+    await check(
+        prop,
+        st.just("update"),
+        at_the_limit(UPDATE_BYTES),
+        max_examples=10,
+        shrink=False,
+        examples=[("update", limit_request("reason", nested(201)))],
+    )
+    assert len(await chain_histories(bench.client, run.run_id)) >= 2  # it did continue as new
+    await finish_approval_run(bench, run)
+
+
 # -- what the fuzzing found, pinned one by one -------------------------------------------
 
 
@@ -1172,9 +1343,10 @@ async def test_rejected_signals_with_huge_payloads_keep_the_snapshot_readable(
 
     snap = await asyncio.wait_for(run.snapshot(), 15)
 
-    rejected = [e for e in snap.events if e.type == "response_rejected"]
-    assert len(rejected) == 30
-    assert max(len(e.detail or "") for e in rejected) <= MAX_MESSAGE
+    # The same rejection thirty times is one event counted thirty times.
+    [rejected] = [e for e in snap.events if e.type == "response_rejected"]
+    assert rejected.count == 30
+    assert len(rejected.detail or "") <= MAX_MESSAGE
     await finish_approval_run(bench, run)
 
 

@@ -41,6 +41,7 @@ from .conftest import (
     echo,
     eventually,
     history_length,
+    operation_id,
     record_history,
     search_attribute,
     serving,
@@ -119,7 +120,7 @@ class TestApproval:
         )
         assert len(interaction["args_digest"]) == 32
         shown = 'of tool `refund` with `{"order":"A1","amount":30}`'
-        assert f"Waiting for approval** (approval:1:c1) {shown}" in (snap.current or "")
+        assert f"Waiting for approval** (`approval:1:c1`) {shown}" in (snap.current or "")
         assert await search_attribute(client, run, SA_STATUS, "waiting") == "waiting"
         assert refunds.made == []
 
@@ -131,12 +132,15 @@ class TestApproval:
         result = await run.result()
 
         assert (accepted.approved, accepted.responder) == (True, "alice")
-        assert refunds.made == [("A1", f"{run.run_id}/tool:1:c1")]
+        assert accepted.identity == client.temporal.identity  # recorded beside the name
+        assert refunds.made == [("A1", await operation_id(client, run, "tool:1:c1"))]
         assert json.loads(result.output or "") == [
             {"error": False, "content": '{"refund_id":"R-A1"}'}
         ]
         events = {e.type: e for e in (await run.snapshot()).events}
-        assert events["approved"].detail == "approved by alice"
+        assert events["approved"].detail == (
+            f"approved by alice (client {client.temporal.identity}; both self-declared)"
+        )
         await record_history(client, run.run_id, "waiting_then_approved")
 
     async def test_two_approvals_in_one_turn_are_asked_in_order_and_the_model_sees_both(

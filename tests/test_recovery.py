@@ -30,6 +30,7 @@ from .conftest import (
     Runtimes,
     echo,
     history_length,
+    operation_id,
     record_history,
     search_attribute,
     wait_for_status,
@@ -119,7 +120,7 @@ class TestManualTool:
         assert json.loads(result.output or "") == [
             {"error": False, "content": '{"ticket_id":"T-verified"}'}
         ]
-        assert journal.calls == [(f"{run.run_id}/tool:1:c1", 1)]
+        assert journal.calls == [(await operation_id(client, run, "tool:1:c1"), 1)]
         assert "resolved_json" in [e.type for e in (await run.snapshot()).events]
         await record_history(client, run.run_id, "needs_attention_resolved_json")
 
@@ -142,7 +143,7 @@ class TestManualTool:
         await run.resolve_tool("tool:1:c1", {"type": "rerun"})
         result = await run.result()
 
-        op = f"{run.run_id}/tool:1:c1"
+        op = await operation_id(client, run, "tool:1:c1")
         assert journal.calls == [(op, 1), (op, 1)]
         assert json.loads(result.output or "") == [
             {"error": False, "content": '{"ticket_id":"T-2"}'}
@@ -191,7 +192,7 @@ class TestRejectedResolutions:
 
         await run.resolve_tool("tool:1:c1", {"type": "json", "value": {"ticket_id": "T-1"}})
         await run.result()
-        with pytest.raises(DurableConflictError, match="closed"):
+        with pytest.raises(DurableConflictError, match="is completed; resolve_tool needs an open"):
             await run.resolve_tool("tool:1:c1", {"type": "json", "value": {"ticket_id": "T-1"}})
 
     async def test_resolve_on_a_running_run_is_a_conflict(
@@ -237,7 +238,7 @@ class TestSafeAndIdempotentTools:
 
         result = await run.result()
 
-        op = f"{run.run_id}/tool:1:c1"
+        op = await operation_id(client, run, "tool:1:c1")
         assert journal.calls == [(op, 1), (op, 2), (op, 3)]
         assert json.loads(result.output or "") == [
             {"error": False, "content": '{"ticket_id":"T-3"}'}
@@ -260,7 +261,7 @@ class TestSafeAndIdempotentTools:
         accepted = await run.retry()
         result = await run.result()
 
-        op = f"{run.run_id}/tool:1:c1"
+        op = await operation_id(client, run, "tool:1:c1")
         assert accepted.operation == "tool:1:c1"
         assert accepted.previous_status == RunStatus.FAILED
         # Fresh attempts, same operation_id; the failed tries did not count against it.
@@ -276,7 +277,7 @@ class TestSafeAndIdempotentTools:
         await runtimes.start([ticket_agent(Journal(), recovery="safe")])
         done = await client.start_run("desk", "file it")
         await done.result()
-        with pytest.raises(DurableConflictError, match="closed"):
+        with pytest.raises(DurableConflictError, match="is completed; retry needs an open run"):
             await done.retry()
 
     async def test_retry_is_rejected_on_cancelled_runs(
@@ -286,6 +287,6 @@ class TestSafeAndIdempotentTools:
         await run.cancel()
         with pytest.raises(RunCancelledError):
             await run.result()
-        with pytest.raises(DurableConflictError, match="closed"):
+        with pytest.raises(DurableConflictError, match="is cancelled; retry needs an open run"):
             await run.retry()
         assert len(journal.calls) == 1

@@ -35,6 +35,7 @@ from .conftest import (
     binary,
     cli,
     eventually,
+    operation_id,
     record_history,
     search_attribute,
     wait_for_status,
@@ -99,7 +100,7 @@ class TestOperationId:
         run = await client.start_run("desk", "file a ticket")
         result = await run.result()
 
-        expected = f"{run.run_id}/tool:1:c7"
+        expected = await operation_id(client, run, "tool:1:c7")
         assert seen == [(expected, 1), (expected, 2)]
         assert json.loads(result.output or "") == [
             {"tool": "create_ticket", "error": False, "content": '{"ticket_id":"T-2"}'}
@@ -216,7 +217,7 @@ class TestCancel:
         running = await run.snapshot()
         assert running.status == RunStatus.RUNNING
         assert running.current is not None
-        assert "Running tool `long_job` (tool:1:call_long_job" in running.current
+        assert "Running tool `long_job` (`tool:1:call_long_job`" in running.current
         assert await search_attribute(client, run, SA_AGENT_VERSION, "1") == "1"
 
         await run.cancel()

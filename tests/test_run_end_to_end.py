@@ -122,6 +122,8 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
         "model turn 3",
     ]
     assert snap.current == "Completed after 3 turn(s)"
-    assert f"{run.run_id}/tool:1:call_search_kb" in SEEN_OPERATIONS
-    assert f"{run.run_id}/tool:2:c2" in SEEN_OPERATIONS
+    # {run id}/{the chain's first execution run id}/{checkpoint key}
+    chain = desc.run_id
+    assert f"{run.run_id}/{chain}/tool:1:call_search_kb" in SEEN_OPERATIONS
+    assert f"{run.run_id}/{chain}/tool:2:c2" in SEEN_OPERATIONS
     await record_history(client, run.run_id, "completed_two_tool_turns")

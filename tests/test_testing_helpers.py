@@ -35,4 +35,5 @@ async def test_local_runtime_runs_an_agent_and_captures_tool_logs(env: WorkflowE
     assert result.output == "it shipped"
     entry = next(e for e in logs if e["event"] == "looked up")
     assert entry["order"] == "A-1"
-    assert entry["operation_id"] == f"{run.run_id}/tool:1:call_look_up"
+    first_run = (await env.client.get_workflow_handle(run.run_id).describe()).run_id
+    assert entry["operation_id"] == f"{run.run_id}/{first_run}/tool:1:call_look_up"

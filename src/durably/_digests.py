@@ -4,6 +4,9 @@
   run's: `digest(n+1) = sha256(digest(n) + json(message n))`, computed by
   the workflow and the model activity with this one function.
 - The arguments digest names exactly the tool call a person approves.
+- The response digest recognises a repeated response without keeping a
+  second copy of its answer.
+- A model digest proves two workers built the same pinned settings.
 """
 
 from __future__ import annotations
@@ -12,11 +15,18 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from durably.messages import Message
 
-__all__ = ["EMPTY_DIGEST", "args_digest", "encoded_size", "extend_digest"]
+__all__ = [
+    "EMPTY_DIGEST",
+    "args_digest",
+    "encoded_size",
+    "extend_digest",
+    "model_digest",
+    "response_digest",
+]
 
 EMPTY_DIGEST = hashlib.sha256(b"durably-transcript-v1").hexdigest()
 _MESSAGE = TypeAdapter[Message](Message)
@@ -38,3 +48,16 @@ def args_digest(arguments: dict[str, Any]) -> str:
 def encoded_size(message: Message) -> int:
     """The bytes `message` takes in a payload (its JSON, as the digest reads it)."""
     return len(_MESSAGE.dump_json(message))
+
+
+def response_digest(
+    kind: str, approved: bool | None, reason: str | None, answer: str | None
+) -> str:
+    """A hash of a person's decision: the same response again has the same digest."""
+    canonical = json.dumps([kind, approved, reason, answer], ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def model_digest(model: BaseModel) -> str:
+    """A hash of a model's JSON: equal for equal field values, whichever worker built it."""
+    return hashlib.sha256(model.model_dump_json().encode()).hexdigest()[:32]

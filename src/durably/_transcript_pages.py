@@ -19,11 +19,21 @@ __all__ = ["PAGE_BYTES", "transcript_page"]
 PAGE_BYTES = 480 * 2**10
 
 
-def transcript_page(messages: Sequence[Message], offset: int) -> TranscriptPage:
-    """The messages from `offset` that fit in one page."""
+def transcript_page(
+    messages: Sequence[Message], offset: int, limit: int | None = None
+) -> TranscriptPage:
+    """The messages from `offset` that fit in one page (at most `limit` of them)."""
+    if not isinstance(offset, int) or not 0 <= offset <= len(messages):
+        raise ValueError(
+            f"offset must be a whole number from 0 to {len(messages)} (the transcript's "
+            f"length), got {offset!r}"
+        )
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a whole number of at least 1, got {limit!r}")
+    stop = len(messages) if limit is None else min(len(messages), offset + limit)
     end = offset
     size = 0
-    while end < len(messages):
+    while end < stop:
         size += encoded_size(messages[end])
         if size > PAGE_BYTES and end > offset:
             break

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, get_args
 
+from durably._digests import model_digest
 from durably.contract import AgentPin, Recovery, RetrySpec, ToolPolicy
 from durably.errors import RegistrationError
 from durably.messages import ToolSpec
@@ -125,6 +126,11 @@ class AgentRegistration:
     run id, same snapshot) once its history reaches `continue_as_new_events`
     events or `continue_as_new_bytes` bytes, well before Temporal's limits
     (51,200 events, 50 MB); these do not change the fingerprint.
+
+    `approvers` names, per tool that requires approval, who may approve or
+    deny its calls: each decision must then carry a token signed by a key
+    the worker holds (see `durably.approvals`). Without it, anyone who may
+    signal the run decides under any name it declares.
     """
 
     agent: Agent
@@ -137,6 +143,7 @@ class AgentRegistration:
     model_timeout: timedelta = timedelta(minutes=5)
     continue_as_new_events: int = 10_000
     continue_as_new_bytes: int = 10 * 2**20
+    approvers: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"registration of agent {self.agent.id!r} version {self.version!r}"
@@ -172,6 +179,7 @@ class AgentRegistration:
                 "(Temporal ends a run at 50 MB of history)"
             )
         object.__setattr__(self, "tool_recovery", dict(self.tool_recovery))
+        self._check_approvers(where)
         try:
             self.fingerprint  # noqa: B018 - computed now, so a bad identity fails here
         except TypeError as err:
@@ -180,6 +188,28 @@ class AgentRegistration:
                 f"booleans, lists and dicts), since every worker must compute the same "
                 f"fingerprint from it: {err}"
             ) from err
+
+    def _check_approvers(self, where: str) -> None:
+        approvers: dict[str, tuple[str, ...]] = {}
+        for name, people in self.approvers.items():
+            t = self.agent.tool(name)
+            if t is None or not t.requires_approval:
+                raise RegistrationError(
+                    f"{where}: approvers names tool {name!r}, which "
+                    + ("the agent does not have" if t is None else "does not require approval")
+                    + "; approvers apply to tools declared with requires_approval=True"
+                )
+            if (
+                isinstance(people, str)
+                or not people
+                or not all(isinstance(p, str) and p.strip() for p in people)
+            ):
+                raise RegistrationError(
+                    f"{where}: approvers[{name!r}] must be a non-empty list of names, "
+                    f"e.g. ['alice@example.com'], got {people!r}"
+                )
+            approvers[name] = tuple(sorted(set(people)))
+        object.__setattr__(self, "approvers", approvers)
 
     @property
     def agent_id(self) -> str:
@@ -215,6 +245,7 @@ class AgentRegistration:
             ),
             requires_approval=t.requires_approval,
             question=t.is_question,
+            signed_approval=t.name in self.approvers,
             approval_timeout_s=t.approval_timeout.total_seconds() if t.approval_timeout else None,
             heartbeat_timeout_s=(t.heartbeat_timeout or self.heartbeat_timeout).total_seconds(),
             start_to_close_s=(t.start_to_close_timeout or self.tool_timeout).total_seconds(),
@@ -236,5 +267,18 @@ class AgentRegistration:
             "tool_recovery": dict(sorted(self.tool_recovery.items())),
             "model_retry": self.model_retry.spec().model_dump() if self.model_retry else None,
         }
+        if self.approvers:  # absent before approvers existed: earlier fingerprints hold
+            data["approvers"] = {name: list(people) for name, people in self.approvers.items()}
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    @functools.cached_property
+    def pin_digest(self) -> str:
+        """A hash of everything a run pins (fingerprint, policies, timeouts).
+
+        Runs send it with every operation (`PIN_PREFIX` + digest) and the
+        worker compares it with its own: a run can only apply the approval
+        flags, recovery, retries and schemas this registration sets, whatever
+        state it was handed. The fingerprint alone is a copyable string.
+        """
+        return model_digest(self.pin())

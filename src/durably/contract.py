@@ -21,7 +21,16 @@ __all__ = [
     "ACTIVITY_PIN",
     "ACTIVITY_RESTORE",
     "ACTIVITY_TOOL",
+    "ACTIVITY_VERIFY_APPROVAL",
     "DEFAULT_TASK_QUEUE",
+    "INVALID_RUN_INPUT",
+    "MAX_ANSWER_BYTES",
+    "MAX_NAME_CHARS",
+    "MAX_REASON_CHARS",
+    "MAX_RUN_INPUT_BYTES",
+    "MAX_TOKEN_CHARS",
+    "PIN_DIGEST_PREFIX",
+    "RESPOND_SIGNAL",
     "SA_AGENT",
     "SA_AGENT_VERSION",
     "SA_STATUS",
@@ -62,6 +71,7 @@ __all__ = [
     "TranscriptArchive",
     "TranscriptPage",
     "TranscriptRestoreRequest",
+    "VerifyApprovalRequest",
 ]
 
 WORKFLOW_TYPE = "AgentRunWorkflow"
@@ -72,6 +82,23 @@ ACTIVITY_PIN = "durably.pin_agent"
 ACTIVITY_MODEL = "durably.model_request"
 ACTIVITY_TOOL = "durably.tool_call"
 ACTIVITY_RESTORE = "durably.restore_transcript"
+ACTIVITY_VERIFY_APPROVAL = "durably.verify_approval"
+# The signal a person answers with when updates are out of reach (CLI, Web UI).
+RESPOND_SIGNAL = "respond_signal"
+# How a run whose start input was refused fails (`ApplicationError.type`).
+INVALID_RUN_INPUT = "DurablyInvalidRunInput"
+# Activity inputs' `fingerprint` starting with this hold a digest of the run's
+# whole pin (see `AgentRegistration.pin_digest`), not the fingerprint alone.
+PIN_DIGEST_PREFIX = "p1:"
+
+# What an outside caller may send (SPEC section 20). Each value is stored in
+# history once, where Temporal puts it; durably never copies it again, and
+# these bounds keep one workflow task's completion far below gRPC's 4 MB.
+MAX_RUN_INPUT_BYTES = 2**20  # the run's input text, UTF-8
+MAX_ANSWER_BYTES = 512 * 2**10  # a question's answer, UTF-8: a person's text, not a file
+MAX_REASON_CHARS = 4_000  # a denial's reason, read by the model
+MAX_NAME_CHARS = 200  # a responder or client identity; an agent id
+MAX_TOKEN_CHARS = 200  # a signed approval token
 
 # Custom search attributes (Keyword) every run keeps current; the dev server
 # and any cluster running durably must have them registered.
@@ -105,7 +132,9 @@ class RunInput(_Model):
     """The workflow's input; plain JSON so any Temporal client can start a run.
 
     `version` None means the newest version registered on the worker that
-    picks the run up. `carried` is set only by continue-as-new.
+    picks the run up. `carried` is set only by durably's own continue-as-new:
+    a run honours it only when Temporal says the run continues another
+    (`workflow.info().continued_run_id`), never from a starter.
     """
 
     agent_id: str
@@ -130,6 +159,9 @@ class ToolPolicy(_Model):
     requires_approval: bool = False
     question: bool = False
     approval_timeout_s: float | None = None
+    # Approvals must carry a token signed by a key the worker holds, from an
+    # approver on the registration's allow-list (`AgentRegistration.approvers`).
+    signed_approval: bool = False
     heartbeat_timeout_s: float
     start_to_close_s: float
     output_schema: dict[str, Any] = Field(default_factory=dict)
@@ -199,13 +231,34 @@ class ModelCallResult(_Model):
 
 
 class ToolCallInput(_Model):
-    """One tool call; the run id is the activity's workflow id."""
+    """One tool call; the run id is the activity's workflow id.
+
+    `chain` is the first execution run id of the run's chain (stable across
+    continue-as-new and `retry()`), part of `operation_id` for runs started
+    since it was added, so a reused run id never repeats an operation id.
+    """
 
     agent_id: str
     version: str
     fingerprint: str
     key: str
     call: ToolCall
+    chain: str | None = None
+
+
+class VerifyApprovalRequest(_Model):
+    """Check a signed approval worker-side, with keys history never sees."""
+
+    agent_id: str
+    version: str
+    fingerprint: str
+    tool: str
+    operation_id: str
+    interaction_id: str
+    args_digest: str
+    approved: bool
+    approver: str | None
+    token: str | None
 
 
 class TranscriptPage(_Model):
@@ -299,6 +352,8 @@ class Interaction(_Model):
 
     `args_digest` is a hash of the call's canonical arguments; an approval
     that echoes it is accepted only for exactly the call the person saw.
+    `operation_id` is the call's full external key, what a signed approval
+    token signs; `expires_at` is when `approval_timeout` answers for a person.
     """
 
     id: str
@@ -308,6 +363,9 @@ class Interaction(_Model):
     args: dict[str, Any]
     args_digest: str
     question: str | None = None
+    operation_id: str | None = None
+    signed: bool = False
+    expires_at: datetime | None = None
 
 
 class ApprovalResponse(_Model):
@@ -315,6 +373,7 @@ class ApprovalResponse(_Model):
     approved: bool
     reason: str | None = None
     args_digest: str | None = None
+    token: str | None = None
 
 
 class QuestionResponse(_Model):
@@ -330,16 +389,22 @@ class RespondRequest(_Model):
 
     `response` stays a plain object so the workflow, not the payload
     converter, rejects a bad one with a message that says why. `responder`
-    is who answered (free text), recorded in the run's events.
+    is who answered and `identity` the Temporal client's identity, both
+    declared by the caller and recorded in the run's events as such.
     """
 
     interaction_id: str
     response: dict[str, Any]
     responder: str | None = None
+    identity: str | None = None
 
 
 class RespondAccepted(_Model):
-    """The acceptance of a response; the same response again returns the same one."""
+    """The acceptance of a response; the same response again returns the same one.
+
+    It does not echo the answer or reason (runs started before
+    `response_digest` did): a repeat is recognised by that digest of them.
+    """
 
     interaction_id: str
     type: Literal["tool-approval", "question"]
@@ -348,16 +413,23 @@ class RespondAccepted(_Model):
     answer: str | None = None
     responder: str | None = None
     args_digest: str | None = None
+    identity: str | None = None
+    response_digest: str | None = None
 
 
 class RunEvent(_Model):
-    """One committed step of a run, as operators read it."""
+    """One committed step of a run, as operators read it.
+
+    `count` > 1: the same event happened that many times in a row (repeated
+    rejections are coalesced); `at` is the first time.
+    """
 
     seq: int
     at: datetime
     type: str
     operation: str | None = None
     detail: str | None = None
+    count: int = 1
 
 
 class Attention(_Model):
@@ -427,6 +499,12 @@ class RunState(_Model):
     saw; `refs` maps transcript positions not yet sent to the
     operation whose activity produced them (see `MessageRef`). `archive` is
     set while a continued-as-new run has yet to copy the transcript in.
+    `call_errors` are the current turn's calls that must not run (see
+    `ModelCallResult`), kept so a run that continues as new in the middle of
+    a turn finishes it. `audit` keeps the latest events of each audit kind
+    (decisions of people and operators), which a flood of other events must
+    not push out of the snapshot. `chain` is the chain's first execution run
+    id, part of operation ids (see `ToolCallInput`).
     """
 
     agent_id: str
@@ -451,6 +529,9 @@ class RunState(_Model):
     answered: dict[str, RespondAccepted] = Field(default_factory=dict)
     events: list[RunEvent] = Field(default_factory=list)
     event_seq: int = 0
+    call_errors: dict[str, str] = Field(default_factory=dict)
+    audit: list[RunEvent] = Field(default_factory=list)
+    chain: str | None = None
 
 
 RunInput.model_rebuild()

@@ -10,7 +10,9 @@ hosts durably too (give it to the worker instead if the client is shared)::
 It adds `AgentRunWorkflow`, the model/tool activities bound to `registry`,
 and the pydantic data converter. Pass `transcript_cache=TranscriptCache(...)`
 (from `durably.activities`) to size the worker's transcript cache (256 MiB by
-default; `TranscriptCache(0)` turns it off).
+default; `TranscriptCache(0)` turns it off), and `approval_keys=` the keys
+that check signed approvals (by default from `DURABLY_APPROVAL_KEYS`, see
+`durably.approvals`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from temporalio.plugin import SimplePlugin
 
 from durably.activities import AgentActivities, TranscriptCache
 from durably.agents import AgentRegistration
+from durably.approvals import ApprovalKeys
+from durably.errors import RegistrationError
 from durably.registry import AgentRegistry
 from durably.workflows import AgentRunWorkflow
 
@@ -35,9 +39,12 @@ class DurablyPlugin(SimplePlugin):
         registry: The agents the activities serve (a registry, or registrations).
         transcript_cache: The worker-side cache model requests rebuild
             transcripts from; by default a new `TranscriptCache()` (256 MiB).
+        approval_keys: The keys signed approvals are checked with; by default
+            `ApprovalKeys.from_env()`. Registrations that name `approvers`
+            are refused without keys.
 
     .. versionchanged:: Unreleased
-       The `transcript_cache` keyword.
+       The `transcript_cache` and `approval_keys` keywords.
     """
 
     def __init__(
@@ -45,12 +52,33 @@ class DurablyPlugin(SimplePlugin):
         registry: AgentRegistry | Iterable[AgentRegistration],
         *,
         transcript_cache: TranscriptCache | None = None,
+        approval_keys: ApprovalKeys | None = None,
     ) -> None:
         self.registry = registry if isinstance(registry, AgentRegistry) else AgentRegistry(registry)
-        self.agent_activities = AgentActivities(self.registry, cache=transcript_cache)
+        keys = approval_keys if approval_keys is not None else ApprovalKeys.from_env()
+        self.check_approval_keys(self.registry.all(), keys)
+        self.agent_activities = AgentActivities(
+            self.registry, cache=transcript_cache, approval_keys=keys
+        )
         super().__init__(
             "durably.DurablyPlugin",
             data_converter=pydantic_data_converter,
             workflows=[AgentRunWorkflow],
             activities=self.agent_activities.methods(),
         )
+
+    @staticmethod
+    def check_approval_keys(
+        registrations: Iterable[AgentRegistration], keys: ApprovalKeys | None
+    ) -> None:
+        """Refuse registrations whose signed approvals this worker could never check."""
+        if keys is not None:
+            return
+        for r in registrations:
+            if isinstance(r, AgentRegistration) and r.approvers:
+                raise RegistrationError(
+                    f"agent {r.agent_id!r} version {r.version!r} names approvers for "
+                    f"{sorted(r.approvers)}, but this worker holds no approval keys to check "
+                    "their signed decisions: set DURABLY_APPROVAL_KEYS (or "
+                    "DURABLY_APPROVAL_KEYS_FILE), or pass approval_keys=ApprovalKeys(...)"
+                )

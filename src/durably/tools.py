@@ -44,8 +44,11 @@ class ToolContext:
     """What a running tool knows about its call.
 
     Attributes:
-        operation_id: `{run_id}/tool:{turn}:{call_id}`; stable across retries and
-            restarts, unique in the namespace. Send it as the idempotency key.
+        operation_id: `{run_id}/{first_run_id}/tool:{turn}:{call_id}`, where
+            `first_run_id` is the first Temporal run id of the run's chain (runs
+            started by 0.1.0: `{run_id}/tool:{turn}:{call_id}`); stable across
+            retries, restarts, continue-as-new and `retry()`, unique in the
+            namespace even when a run id is reused. Send it as the idempotency key.
         run_id: The durable run (the workflow id).
         agent_id: The agent that called the tool.
         agent_version: The registered version the run is pinned to.

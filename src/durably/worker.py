@@ -28,6 +28,7 @@ from temporalio.worker import Worker
 
 from durably.activities import TranscriptCache
 from durably.agents import AgentRegistration
+from durably.approvals import ApprovalKeys
 from durably.client import DurableClient
 from durably.contract import DEFAULT_TASK_QUEUE
 from durably.errors import DurableConflictError, DurablyError, RegistrationError
@@ -67,6 +68,7 @@ class DurableRuntime:
         client: DurableClient | Client | None = None,
         graceful_shutdown: timedelta = timedelta(seconds=10),
         transcript_cache_bytes: int | None = None,
+        approval_keys: ApprovalKeys | None = None,
         **worker_options: Any,
     ) -> DurableRuntime:
         """Connect (or use `client`) and register `agents`; executes nothing yet.
@@ -74,11 +76,12 @@ class DurableRuntime:
         `transcript_cache_bytes` bounds the worker's transcript cache (256 MiB
         by default, `0` turns it off): least recently used runs are evicted
         past it, and a run that does not fit rebuilds its transcript from the
-        workflow on every model request. Other keywords go to Temporal's
-        `Worker`.
+        workflow on every model request. `approval_keys` check signed
+        approvals (by default from `DURABLY_APPROVAL_KEYS`; see
+        `durably.approvals`). Other keywords go to Temporal's `Worker`.
 
         .. versionchanged:: Unreleased
-           The `transcript_cache_bytes` keyword.
+           The `transcript_cache_bytes` and `approval_keys` keywords.
         """
         # Checked before connecting: a bad bound should not cost a connection.
         cache = None if transcript_cache_bytes is None else TranscriptCache(transcript_cache_bytes)
@@ -93,7 +96,9 @@ class DurableRuntime:
             durable = client
         else:
             durable = DurableClient(client, task_queue=task_queue)
-        plugin = DurablyPlugin(AgentRegistry(agents), transcript_cache=cache)
+        plugin = DurablyPlugin(
+            AgentRegistry(agents), transcript_cache=cache, approval_keys=approval_keys
+        )
         options: dict[str, Any] = {
             "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
             "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
@@ -110,7 +115,9 @@ class DurableRuntime:
 
     def register_agents(self, registrations: Iterable[AgentRegistration]) -> None:
         """Register a batch: all or nothing; an existing (id, version) is never replaced."""
-        self.registry.register(registrations)
+        batch = list(registrations)
+        self.plugin.check_approval_keys(batch, self.plugin.agent_activities.approval_keys)
+        self.registry.register(batch)
 
     async def unregister_agent(self, agent_id: str, version: str | None = None) -> bool:
         """Remove an agent (or one version); refused while an unfinished run needs it.

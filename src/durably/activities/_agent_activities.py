@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
+import re
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from functools import partial
@@ -28,11 +30,14 @@ from durably._transcript_pages import transcript_page
 from durably.activities._heartbeat import heartbeating
 from durably.activities._transcript_cache import TranscriptCache
 from durably.agents import AgentRegistration
+from durably.approvals import ApprovalKeys
 from durably.contract import (
     ACTIVITY_MODEL,
     ACTIVITY_PIN,
     ACTIVITY_RESTORE,
     ACTIVITY_TOOL,
+    ACTIVITY_VERIFY_APPROVAL,
+    PIN_DIGEST_PREFIX,
     AgentPin,
     MessageRef,
     ModelCallInput,
@@ -41,6 +46,7 @@ from durably.contract import (
     ToolCallInput,
     TranscriptPage,
     TranscriptRestoreRequest,
+    VerifyApprovalRequest,
 )
 from durably.messages import (
     AssistantMessage,
@@ -56,11 +62,22 @@ from durably.tools import ToolContext, ToolError, render_result
 __all__ = ["AgentActivities", "ErrorType"]
 
 _log = structlog.get_logger("durably")
+_tracebacks = logging.getLogger("durably.activities")
 
 # How long a cancelled tool may take to notice `abort_signal` and return.
 _ABORT_GRACE = 5.0
 # Call ids become part of activity ids, which the server limits to 1,000 characters.
 _MAX_CALL_ID = 200
+# Call ids become part of `{run_id}/{chain}/tool:{turn}:{call_id}`: escaping "/" (and
+# "%", and controls) keeps that key injective, and terminals safe.
+_UNSAFE_IN_CALL_ID = re.compile(r"[%/\x00-\x1f\x7f-\x9f]")
+# An activity result is one payload; Temporal refuses one over 2 MiB (its blob
+# limit) with an error naming neither the cause nor the remedy.
+_MAX_RESULT_BYTES = 2 * 2**20 - 64 * 2**10
+# What the model reads about a call it may not make: enough to correct it.
+_MAX_CALL_ERROR = 2_000
+# A cache miss for a few referenced messages asks for those alone.
+_FETCH_ONE_BY_ONE = 4
 
 
 class ErrorType:
@@ -75,6 +92,7 @@ class ErrorType:
     TRANSCRIPT_MISMATCH = "DurablyTranscriptMismatch"
     TRANSCRIPT_LOST = "DurablyTranscriptLost"
     STALE_ATTEMPT = "DurablyStaleAttempt"
+    RESULT_TOO_LARGE = "DurablyResultTooLarge"
 
 
 def _heartbeat_interval(timeout: timedelta | None) -> float:
@@ -85,12 +103,25 @@ def _heartbeat_interval(timeout: timedelta | None) -> float:
 class AgentActivities:
     """Activity implementations bound to one worker's registry and cache."""
 
-    def __init__(self, registry: AgentRegistry, *, cache: TranscriptCache | None = None) -> None:
+    def __init__(
+        self,
+        registry: AgentRegistry,
+        *,
+        cache: TranscriptCache | None = None,
+        approval_keys: ApprovalKeys | None = None,
+    ) -> None:
         self.registry = registry
-        self.cache = cache or TranscriptCache()
+        self.cache = cache if cache is not None else TranscriptCache()
+        self.approval_keys = approval_keys
 
     def methods(self) -> list[Any]:
-        return [self.pin_agent, self.model_request, self.tool_call, self.restore_transcript]
+        return [
+            self.pin_agent,
+            self.model_request,
+            self.tool_call,
+            self.restore_transcript,
+            self.verify_approval,
+        ]
 
     # -- registration -------------------------------------------------------
 
@@ -112,7 +143,11 @@ class AgentActivities:
         return registration.pin()
 
     def _registration(self, agent_id: str, version: str, fingerprint: str) -> AgentRegistration:
-        """The exact registration a run pinned, or a non-retryable error saying why not."""
+        """The exact registration a run pinned, or a non-retryable error saying why not.
+
+        `fingerprint` is a digest of the whole pin the run applies
+        (`PIN_DIGEST_PREFIX`), or for runs started by 0.1.0 the fingerprint.
+        """
         registration = self.registry.get(agent_id, version)
         if registration is None:
             raise ApplicationError(
@@ -123,12 +158,18 @@ class AgentActivities:
                 type=ErrorType.VERSION_MISSING,
                 non_retryable=True,
             )
-        if registration.fingerprint != fingerprint:
+        expected = (
+            PIN_DIGEST_PREFIX + registration.pin_digest
+            if fingerprint.startswith(PIN_DIGEST_PREFIX)
+            else registration.fingerprint
+        )
+        if fingerprint != expected:
             raise ApplicationError(
                 f"agent {agent_id!r} version {version!r} on this worker differs from the one "
                 "the run started with (model, instructions, tools or policies changed). Register "
                 "the original definition under this version and a new definition under a new "
-                "version, then retry the run.",
+                "version, then retry the run. (A run whose pinned settings were altered, not "
+                "by this worker, fails this check too: it cannot apply other policies.)",
                 {"reason": "version_incompatible", "agent_id": agent_id, "version": version},
                 type=ErrorType.VERSION_INCOMPATIBLE,
                 non_retryable=True,
@@ -153,6 +194,7 @@ class AgentActivities:
                 call.new,
                 call.digest,
                 partial(_fetch_transcript, run_id),
+                partial(_fetch_message, run_id),
             )
             # Every message was validated when it was made: skip doing it again
             # for the whole transcript on every turn.
@@ -166,12 +208,13 @@ class AgentActivities:
             except Exception as exc:
                 # Without model_retry a failed request is final; a crash (timeout) still retries.
                 verdict = classify_model_error(agent.model, exc)
+                _log_failure("model request failed", call.key, exc)
                 raise ApplicationError(
                     f"model request failed: {type(exc).__name__}: {exc}",
                     type=ErrorType.MODEL_ERROR,
                     non_retryable=registration.model_retry is None or not verdict.retryable,
                     next_retry_delay=verdict.retry_after,
-                ) from exc
+                ) from None  # the traceback stays in the worker's log, not in history
         try:
             message = _normalise_calls(response.message)
             result = ModelCallResult(
@@ -181,12 +224,17 @@ class AgentActivities:
             )
         except Exception as exc:
             # Post-processing is deterministic: retrying it would fail the same way.
+            _log_failure("the model's answer could not be processed", call.key, exc)
             raise ApplicationError(
                 f"the model's answer could not be processed: {type(exc).__name__}: {exc}",
                 type=ErrorType.POST_PROCESSING,
                 non_retryable=True,
-            ) from exc
-        self.cache.put_output(run_id, call.key, message)
+            ) from None
+        _check_result_size(result, "the model's answer", "have the model answer in less")
+        if message.tool_calls:
+            self.cache.put_output(run_id, call.key, message)
+        else:  # a final answer: the run completes and needs its transcript no more
+            self.cache.forget(run_id)
         return result
 
     async def _rebuild(
@@ -197,29 +245,37 @@ class AgentActivities:
         new: list[Message | MessageRef],
         expected_digest: str,
         fetch: Callable[[], Awaitable[list[Message]]],
+        fetch_at: Callable[[int], Awaitable[Message]] | None = None,
     ) -> list[Message]:
         """The full transcript from the cache, or from the workflow (`fetch`) on a miss.
 
         On a hit only the new messages are hashed onto the cached digest, so a
         turn costs the same at turn 500 as at turn 5. A cache already holding
         the whole transcript (a retried attempt; a restore after the last
-        turn ran here) is used as it is.
+        turn ran here) is used as it is. A few referenced messages the cache
+        lacks (a person's long answer never passed through this worker) are
+        fetched one by one (`fetch_at`); more, or no cached base, fetch all.
         """
         whole = self.cache.transcript(run_id, base_length + len(new))
         if whole is not None and whole[1] == expected_digest:
             return whole[0]
         cached = self.cache.transcript(run_id, base_length)
         if cached is not None:
-            messages, digest = cached
-            for item in new:
-                found = (
-                    self.cache.output(run_id, item.ref) if isinstance(item, MessageRef) else item
-                )
-                if found is None:
-                    break
-                messages.append(found)
-                digest = extend_digest(digest, found)
-            else:
+            found = [
+                self.cache.output(run_id, item.ref) if isinstance(item, MessageRef) else item
+                for item in new
+            ]
+            missing = [i for i, m in enumerate(found) if m is None]
+            if fetch_at is not None and len(missing) <= _FETCH_ONE_BY_ONE:
+                for i in missing:
+                    found[i] = await fetch_at(base_length + i)
+                missing = []
+            if not missing:
+                messages, digest = cached
+                for m in found:
+                    assert m is not None
+                    messages.append(m)
+                    digest = extend_digest(digest, m)
                 if digest == expected_digest:
                     self.cache.store(run_id, messages, digest)
                     return messages
@@ -276,7 +332,9 @@ class AgentActivities:
         tool = registration.agent.tool(call.call.name)
         info = activity.info()
         run_id = _run_id()
-        operation_id = f"{run_id}/{call.key}"
+        # Unique per execution chain: a run id reused through a raw client
+        # never repeats the operation ids of the run it replaced.
+        operation_id = f"{run_id}/{call.chain}/{call.key}" if call.chain else f"{run_id}/{call.key}"
         if tool is None:  # the model activity rejects these; kept for direct callers
             return _error_result(call.call, f"unknown tool {call.call.name!r}")
         try:
@@ -306,10 +364,11 @@ class AgentActivities:
         except ToolError as exc:
             result = _error_result(call.call, str(exc) or type(exc).__name__)
         except Exception as exc:
+            _log_failure("tool raised", call.key, exc)
             raise ApplicationError(
                 f"tool {tool.name!r} raised {type(exc).__name__}: {exc}",
                 type=ErrorType.TOOL_CRASHED,
-            ) from exc
+            ) from None  # the traceback (paths, source lines) stays in the worker's log
         else:
             try:
                 output = tool.validate_output(value)
@@ -318,12 +377,56 @@ class AgentActivities:
                     f"tool {tool.name!r} returned a value that does not fit its output model: "
                     f"{_validation_message(exc)}",
                     type=ErrorType.TOOL_CRASHED,
-                ) from exc
+                ) from None
             result = ToolResultMessage(
                 call_id=call.call.id, tool=tool.name, content=render_result(output)
             )
+        _check_result_size(
+            result,
+            f"tool {tool.name!r}'s result",
+            "make the tool return less (store a large result elsewhere and return where it "
+            "is); its effect may have happened, so check before you resolve or rerun the call",
+        )
         self.cache.put_output(run_id, call.key, result)
         return result
+
+    # -- approvals ----------------------------------------------------------
+
+    @activity.defn(name=ACTIVITY_VERIFY_APPROVAL)
+    async def verify_approval(self, request: VerifyApprovalRequest) -> str:
+        """Why a signed decision is not accepted, or "" if it is.
+
+        Runs where the keys are (a local activity of the run's worker), so a
+        key never enters history; the allow-list is this worker's
+        registration, which the run's pin digest proves it applies.
+        """
+        registration = self._registration(request.agent_id, request.version, request.fingerprint)
+        allowed = registration.approvers.get(request.tool)
+        if allowed is None:
+            return (
+                f"tool {request.tool!r} has no approvers in this worker's registration of "
+                f"agent {request.agent_id!r} version {request.version!r}"
+            )
+        if self.approval_keys is None:
+            return (
+                "this worker holds no approval keys, so it cannot check any signed decision; "
+                "set DURABLY_APPROVAL_KEYS (or pass approval_keys=) on every worker, then "
+                "respond again"
+            )
+        if request.approver not in allowed:
+            return (
+                f"{request.approver!r} may not decide on tool {request.tool!r} "
+                f"(its approvers: {', '.join(allowed)})"
+            )
+        problem = self.approval_keys.problem(
+            request.token,
+            operation_id=request.operation_id,
+            interaction_id=request.interaction_id,
+            args_digest=request.args_digest,
+            approved=request.approved,
+            approver=request.approver,
+        )
+        return problem or ""
 
 
 def _run_id() -> str:
@@ -341,6 +444,43 @@ def _digest(messages: list[Message]) -> str:
     for m in messages:
         digest = extend_digest(digest, m)
     return digest
+
+
+def _log_failure(what: str, key: str, exc: BaseException) -> None:
+    """The worker's log gets the story (history gets only the message): one line, and
+    the traceback at debug level (stdlib logging: skipped cheaply unless enabled, and
+    never rendered with its frames' local variables)."""
+    info = activity.info()
+    error = f"{type(exc).__name__}: {exc}"[:500]
+    _log.warning(what, run_id=info.workflow_id, operation=key, attempt=info.attempt, error=error)
+    _tracebacks.debug("%s (%s of run %s)", what, key, info.workflow_id, exc_info=exc)
+
+
+def _check_result_size(result: Any, what: str, remedy: str) -> None:
+    """Refuse, with a cause and a remedy, a result Temporal would refuse anyway."""
+    size = len(result.model_dump_json())
+    if size > _MAX_RESULT_BYTES:
+        raise ApplicationError(
+            f"{what} is {size:,} bytes, more than one activity result can hold "
+            f"({_MAX_RESULT_BYTES:,} bytes, under Temporal's 2 MiB payload limit); {remedy}",
+            type=ErrorType.RESULT_TOO_LARGE,
+            non_retryable=True,
+        )
+
+
+async def _fetch_message(workflow_id: str, position: int) -> Message:
+    """One message of the run's transcript, by query."""
+    handle = activity.client().get_workflow_handle(workflow_id)
+    page: TranscriptPage = await handle.query(
+        "transcript", args=[position, 1], result_type=TranscriptPage
+    )
+    if not page.messages:
+        raise ApplicationError(
+            f"run {workflow_id!r} has no message {position} yet; this is a bug in durably, "
+            "please report it",
+            type=ErrorType.TRANSCRIPT_MISMATCH,
+        )
+    return page.messages[0]
 
 
 async def _fetch_transcript(workflow_id: str, temporal_run_id: str | None = None) -> list[Message]:
@@ -371,7 +511,7 @@ def _normalise_calls(message: AssistantMessage) -> AssistantMessage:
     seen: set[str] = set()
     calls: list[ToolCall] = []
     for i, c in enumerate(message.tool_calls, start=1):
-        call_id = c.id.strip() or f"call_{i}"
+        call_id = _UNSAFE_IN_CALL_ID.sub(_percent, c.id.strip()) or f"call_{i}"
         if len(call_id) > _MAX_CALL_ID:  # call ids become part of activity ids
             call_id = f"call_{i}_{hashlib.sha256(call_id.encode()).hexdigest()[:16]}"
         while call_id in seen:
@@ -379,6 +519,10 @@ def _normalise_calls(message: AssistantMessage) -> AssistantMessage:
         seen.add(call_id)
         calls.append(c if call_id == c.id else c.model_copy(update={"id": call_id}))
     return message.model_copy(update={"tool_calls": tuple(calls)})
+
+
+def _percent(match: re.Match[str]) -> str:
+    return f"%{ord(match.group()):02X}"
 
 
 def _call_errors(registration: AgentRegistration, calls: tuple[ToolCall, ...]) -> dict[str, str]:
@@ -397,7 +541,11 @@ def _call_errors(registration: AgentRegistration, calls: tuple[ToolCall, ...]) -
                 tool.input_model.model_validate(c.arguments)
             except ValidationError as exc:
                 errors[c.id] = f"invalid arguments for {c.name!r}: {_validation_message(exc)}"
-    return errors
+    # Each error goes back to the model inline: enough to correct the call, bounded.
+    return {
+        call_id: e if len(e) <= _MAX_CALL_ERROR else f"{e[:_MAX_CALL_ERROR]}... (cut)"
+        for call_id, e in errors.items()
+    }
 
 
 def _validation_message(exc: ValidationError) -> str:

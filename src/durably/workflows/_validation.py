@@ -9,6 +9,7 @@ client raises (`DurableConflictError`, `InteractionConflictError`,
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from temporalio import workflow
@@ -18,7 +19,12 @@ with workflow.unsafe.imports_passed_through():
     import jsonschema
     from pydantic import TypeAdapter, ValidationError
 
+    from durably._digests import response_digest
     from durably.contract import (
+        MAX_ANSWER_BYTES,
+        MAX_NAME_CHARS,
+        MAX_REASON_CHARS,
+        MAX_TOKEN_CHARS,
         ApprovalResponse,
         ErrorResolution,
         JsonResolution,
@@ -35,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.messages import AssistantMessage, ToolCall
 
 __all__ = [
+    "CONTROL",
     "check_resolution",
     "check_response",
     "check_retry",
@@ -48,11 +55,16 @@ _RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = T
     Resolution
 )
 _RESPONSE: TypeAdapter[ApprovalResponse | QuestionResponse] = TypeAdapter(Response)
+# C0 and C1 controls and DEL: never part of a name, an id or an identity.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def short(value: Any, limit: int = 200) -> str:
     """`repr(value)`, cut to `limit` characters: rejections never echo a huge input."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # raising here would fail the workflow task
+        return f"(a {type(value).__name__} nested too deeply to show)"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
@@ -110,13 +122,14 @@ def check_resolution(
             "{'type': 'error', 'message': '...'} or {'type': 'rerun'}; "
             f"got {short(request.resolution)} ({_first_error(err)})",
         ) from None
-    if isinstance(resolution, JsonResolution) and s.pin is not None:
-        call = find_call(s, s.blocked_operation)
-        problem = _schema_problem(s.pin.tools[call.name].output_schema, resolution.value)
+    tool = s.attention.detail.get("tool")
+    if isinstance(resolution, JsonResolution) and s.pin is not None and tool in s.pin.tools:
+        # The attention names the tool: the transcript may still be restoring.
+        problem = _schema_problem(s.pin.tools[tool].output_schema, resolution.value)
         if problem is not None:
             raise rejection(
                 "InvalidResponseError",
-                f"the value does not fit the output schema of tool {call.name!r}: {problem}",
+                f"the value does not fit the output schema of tool {tool!r}: {problem}",
             )
     return resolution
 
@@ -147,9 +160,15 @@ def check_retry(run_id: str, s: RunState) -> None:
 
 
 def check_response(
-    run_id: str, s: RunState, request: RespondRequest
-) -> tuple[RespondAccepted, bool]:
-    """The acceptance of a response, and whether it is new (False: a harmless repeat)."""
+    run_id: str, s: RunState, request: RespondRequest, *, strict: bool
+) -> tuple[RespondAccepted, bool, ApprovalResponse | QuestionResponse]:
+    """The acceptance of a response, whether it is new (False: a harmless repeat),
+    and the response itself.
+
+    `strict` (runs under the hardening patch): a bool is a bool (not "on"
+    or "1"); answers, reasons and names are bounded; the acceptance keeps a
+    digest of the answer or reason instead of a second copy of it.
+    """
     iid = request.interaction_id
     pending = s.interaction if s.interaction is not None and s.interaction.id == iid else None
     answered = s.answered.get(iid)
@@ -167,7 +186,7 @@ def check_response(
         else "{'type': 'question', 'answer': '...'}"
     )
     try:
-        response = _RESPONSE.validate_python(request.response)
+        response = _RESPONSE.validate_python(request.response, strict=strict)
     except ValidationError as err:
         raise rejection(
             "InvalidResponseError",
@@ -179,6 +198,8 @@ def check_response(
             "InvalidResponseError",
             f"interaction {iid!r} is a {kind}, not a {response.type}; respond with {example}",
         )
+    if strict:
+        _check_bounds(request, response)
     digest = pending.args_digest if pending is not None else answered.args_digest  # type: ignore[union-attr]
     if isinstance(response, ApprovalResponse) and response.args_digest not in (None, digest):
         raise rejection(
@@ -187,24 +208,79 @@ def check_response(
             f"approval ({digest!r}): the arguments differ from what you reviewed. Read the "
             "interaction again and approve what it shows",
         )
+    signed = pending.signed if pending is not None else False
+    if strict and signed and isinstance(response, ApprovalResponse) and not response.token:
+        raise rejection(
+            "InvalidResponseError",
+            f"interaction {iid!r} needs a signed decision: tool {pending.tool!r} accepts "  # type: ignore[union-attr]
+            "approvals and denials only with a 'token' made by durably.approvals.ApprovalKeys "
+            "from a key the worker holds, for an approver on the registration's allow-list",
+        )
+    approval = response if isinstance(response, ApprovalResponse) else None
+    answer = response.answer if isinstance(response, QuestionResponse) else None
     accepted = RespondAccepted(
         interaction_id=iid,
         type=kind,
-        approved=response.approved if isinstance(response, ApprovalResponse) else None,
-        reason=response.reason if isinstance(response, ApprovalResponse) else None,
-        answer=response.answer if isinstance(response, QuestionResponse) else None,
+        approved=approval.approved if approval else None,
+        reason=None if strict or approval is None else approval.reason,
+        answer=None if strict else answer,
         responder=request.responder,
         args_digest=digest,
+        identity=request.identity if strict else None,
+        response_digest=(
+            response_digest(
+                kind,
+                approval.approved if approval else None,
+                approval.reason if approval else None,
+                answer,
+            )
+            if strict
+            else None
+        ),
     )
     if answered is None:
-        return accepted, True
+        return accepted, True, response
     if _decision(answered) == _decision(accepted):
-        return answered, False
+        return answered, False, response
     raise rejection(
         "InteractionConflictError",
         f"interaction {iid!r} was already answered ({_describe(answered)}); a different "
         "response cannot replace it",
     )
+
+
+def _check_bounds(request: RespondRequest, response: ApprovalResponse | QuestionResponse) -> None:
+    """What one response may hold: see `durably.contract.MAX_*`."""
+    for field, value in (("responder", request.responder), ("identity", request.identity)):
+        if value is not None and (len(value) > MAX_NAME_CHARS or CONTROL.search(value)):
+            raise rejection(
+                "InvalidResponseError",
+                f"{field} must be at most {MAX_NAME_CHARS} characters with no control "
+                f"characters; got {short(value, 60)}",
+            )
+    if isinstance(response, QuestionResponse):
+        size = len(response.answer.encode("utf-8", "surrogatepass"))
+        if size > MAX_ANSWER_BYTES:
+            raise rejection(
+                "InvalidResponseError",
+                f"the answer is {size:,} bytes; an answer may be at most {MAX_ANSWER_BYTES:,} "
+                "bytes (it is a person's text for the model, stored in the run's history). "
+                "Put a large document where the agent's tools can read it and answer with "
+                "where it is",
+            )
+        return
+    if response.reason is not None and len(response.reason) > MAX_REASON_CHARS:
+        raise rejection(
+            "InvalidResponseError",
+            f"the reason is {len(response.reason):,} characters; a reason may be at most "
+            f"{MAX_REASON_CHARS:,}: say briefly why, the model reads it",
+        )
+    if response.token is not None and len(response.token) > MAX_TOKEN_CHARS:
+        raise rejection(
+            "InvalidResponseError",
+            f"the token is {len(response.token):,} characters; a signed approval token is at "
+            f"most {MAX_TOKEN_CHARS} (made by durably.approvals.ApprovalKeys.sign)",
+        )
 
 
 def find_call(s: RunState, key: str) -> ToolCall:
@@ -218,15 +294,24 @@ def find_call(s: RunState, key: str) -> ToolCall:
 
 
 def _decision(a: RespondAccepted) -> tuple[Any, ...]:
-    return (a.type, a.approved, a.reason, a.answer)
+    """What makes two responses the same decision (who sent it does not)."""
+    return (
+        a.type,
+        a.approved,
+        a.response_digest or response_digest(a.type, a.approved, a.reason, a.answer),
+    )
 
 
 def _describe(a: RespondAccepted) -> str:
-    who = f" by {a.responder}" if a.responder else ""
+    who = f" by {_cut(a.responder, 100)}" if a.responder else ""
     if a.type == "question":
-        return f"answer {a.answer!r}{who}"
+        return f"answer {short(a.answer, 100)}{who}" if a.answer is not None else f"answered{who}"
     verdict = "approved" if a.approved else "denied"
-    return f"{verdict}{f' ({a.reason})' if a.reason else ''}{who}"
+    return f"{verdict}{f' ({_cut(a.reason, 200)})' if a.reason else ''}{who}"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _first_error(err: ValidationError) -> str:

@@ -47,14 +47,14 @@ which still catches a clock, randomness or I/O reached for here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
+from temporalio.common import RawValue, RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -66,19 +66,31 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from durably._digests import EMPTY_DIGEST, args_digest, encoded_size, extend_digest
+    from durably._digests import (
+        EMPTY_DIGEST,
+        args_digest,
+        encoded_size,
+        extend_digest,
+        model_digest,
+    )
+    from durably._text import md_code, md_text
     from durably._transcript_pages import transcript_page
     from durably.contract import (
         ACTIVITY_MODEL,
         ACTIVITY_PIN,
         ACTIVITY_RESTORE,
         ACTIVITY_TOOL,
+        ACTIVITY_VERIFY_APPROVAL,
+        INVALID_RUN_INPUT,
+        PIN_DIGEST_PREFIX,
+        RESPOND_SIGNAL,
         SA_AGENT,
         SA_AGENT_VERSION,
         SA_STATUS,
         SEARCH_ATTRIBUTES,
         WORKFLOW_TYPE,
         AgentPin,
+        ApprovalResponse,
         Attention,
         ErrorResolution,
         Interaction,
@@ -87,6 +99,7 @@ with workflow.unsafe.imports_passed_through():
         ModelCallInput,
         ModelCallResult,
         PinRequest,
+        QuestionResponse,
         RerunResolution,
         ResolveToolAccepted,
         ResolveToolRequest,
@@ -106,25 +119,61 @@ with workflow.unsafe.imports_passed_through():
         TranscriptArchive,
         TranscriptPage,
         TranscriptRestoreRequest,
+        VerifyApprovalRequest,
     )
-    from durably.messages import Message, ToolCall, ToolResultMessage, UserMessage
+    from durably.messages import (
+        AssistantMessage,
+        Message,
+        ToolCall,
+        ToolResultMessage,
+        UserMessage,
+    )
     from durably.tools import render_result
+    from durably.workflows._operator_text import (
+        attention_details,
+        failed_details,
+        waiting_details,
+    )
+    from durably.workflows._run_input import read_run_input
     from durably.workflows._validation import (
+        CONTROL,
         check_resolution,
         check_response,
         check_retry,
         find_call,
         parse_request,
+        rejection,
+        short,
     )
 
-__all__ = ["PATCHES", "AgentRunWorkflow"]
+__all__ = ["PATCHES", "PATCH_HARDENED", "AgentRunWorkflow"]
 
+
+# What changed since 0.1.0 (see the module docstring): outside input is
+# bounded and checked (start input, carried state, responses, signals);
+# answers and large inputs reach the model by reference; operation ids
+# include the chain's first run id; a parked or waiting run continues as new
+# when its history nears the limit; signed approvals are verified.
+PATCH_HARDENED = "durably-harden-outside-input"
 # Every patch since 0.1.0, oldest first (see the module docstring).
-PATCHES: tuple[str, ...] = ()
+PATCHES: tuple[str, ...] = (PATCH_HARDENED,)
 
 T = TypeVar("T")
 _EVENTS_KEPT = 50
 _DETAIL_KEPT = 1_000
+# The latest events of each of these kinds stay in the snapshot whatever
+# else happens (a flood of rejected signals must not hide who approved what).
+_AUDIT_KINDS = {
+    "approved": "decision",
+    "denied": "decision",
+    "answered": "decision",
+    "timed_out": "decision",
+    "resolved_json": "resolution",
+    "resolved_error": "resolution",
+    "resolved_rerun": "resolution",
+    "retried": "retry",
+    "run_cancelled": "cancel",
+}
 # A run copies its predecessor's transcript into its own history; past this
 # size, that copy plus a run's own growth would near Temporal's 50 MB
 # history limit (and no model reads that much at once).
@@ -135,9 +184,13 @@ _MAX_CARRIED_TRANSCRIPT = 32 * 2**20
 _ANSWERS_CARRIED = 100
 _ANSWERS_CARRIED_BYTES = 256 * 2**10
 _DELTA_CARRIED = 64 * 2**10
+# Text from outside (the run's input, an answer) larger than this reaches the
+# model activity by reference, not as a second copy in its input.
+_INLINE_LIMIT = 8 * 2**10
 # Crashed model requests (worker died, timed out) run again even without
 # model_retry: a model request has no side effect.
 _MODEL_CRASH_ATTEMPTS = 3
+_PARKED = (RunStatus.FAILED, RunStatus.NEEDS_ATTENTION)
 
 
 @workflow.defn(name=WORKFLOW_TYPE, sandboxed=False)
@@ -145,19 +198,41 @@ class AgentRunWorkflow:
     """One durable agent run (see the module docstring for handlers)."""
 
     @workflow.init
-    def __init__(self, input: RunInput) -> None:
-        self._s: RunState = input.carried or RunState(
-            agent_id=input.agent_id,
-            input=input.input,
-            requested_version=input.version,
-            digest=EMPTY_DIGEST,
-        )
-        if not self._s.input:  # carried without it: see _archived()
-            self._s.input = input.input
-        self._run_id = workflow.info().workflow_id
+    def __init__(self, *payload: Any) -> None:
+        info = workflow.info()
+        # First, before any command: every later decision depends on it.
+        self._hardened = workflow.patched(PATCH_HARDENED)
+        self._input_problem: str | None = None
+        if self._hardened:
+            input, self._input_problem = read_run_input(payload, info)
+        else:  # 0.1.0 trusted its input; its histories replay as they ran
+            input = RunInput.model_validate(payload[0])
+        if input is None or self._input_problem is not None:
+            self._s = RunState(
+                agent_id=_agent_id_of(payload),
+                input="",
+                digest=EMPTY_DIGEST,
+                status=RunStatus.FAILED,
+                error=self._input_problem,
+                retryable=False,
+            )
+        else:
+            self._s = input.carried or RunState(
+                agent_id=input.agent_id,
+                input=input.input,
+                requested_version=input.version,
+                digest=EMPTY_DIGEST,
+                chain=info.first_execution_run_id if self._hardened else None,
+            )
+            if not self._s.input:  # carried without it: see _archived()
+                self._s.input = input.input
+        self._run_id = info.workflow_id
         # What an operator decided for the parked operation: a resolution, or
         # "retry" (None while nothing was decided).
         self._decision: JsonResolution | ErrorResolution | RerunResolution | str | None = None
+        # A response's answer and reason, by interaction, until the run
+        # consumes it (the acceptance keeps only a digest of them).
+        self._texts: dict[str, tuple[str | None, str | None]] = {}
         self._published: dict[str, str | None] = {
             SA_STATUS.name: _start_value(SA_STATUS),
             SA_AGENT.name: _start_value(SA_AGENT),
@@ -167,14 +242,20 @@ class AgentRunWorkflow:
         # counted toward continuing as new again.
         self._base_events = 0
         self._base_bytes = 0
+        # The transcript is too large to carry: waits stop trying.
+        self._cannot_continue = False
         # The time events get until the pin's workflow task ends: a local
         # activity's completion moves `workflow.now()` differently on replay.
         self._pin_clock: datetime | None = None
+        self._pin_digest: str | None = None
 
     @workflow.run
-    async def run(self, input: RunInput) -> RunResult:
+    async def run(self, *payload: Any) -> RunResult:
         s = self._s
-        workflow.set_current_details(f"Starting a run of agent `{s.agent_id}`")
+        if self._input_problem is not None:
+            self._refuse_input(self._input_problem)
+        workflow.set_current_details(f"Starting a run of agent {md_code(s.agent_id)}")
+        self._show_what_it_waits_for()  # a run that continued as new while parked or waiting
         self._publish()
         try:
             if s.archive is not None:
@@ -184,10 +265,14 @@ class AgentRunWorkflow:
                 self._event("agent_pinned", detail=f"{s.pin.agent_id}@{s.pin.version}")
                 self._pin_clock = None
                 self._publish()  # DurablyAgentVersion, from the start of the run
-                self._append(UserMessage(content=s.input))
+                self._append(UserMessage(content=s.input), ref=self._outside_ref("input", s.input))
             pin = s.pin
             while True:
-                if self._history_nearly_full(pin):
+                # Calls of the last answer still without a result: a turn in progress
+                # (also after continuing as new in the middle of one).
+                for call in self._unfinished_calls():
+                    await self._call(s.turns, call)
+                if self._history_nearly_full():
                     await self._continue_as_new()
                     continue  # it could not: the run was parked, then decided on
                 turn = s.turns + 1
@@ -206,6 +291,7 @@ class AgentRunWorkflow:
                 s.turns = turn
                 s.usage = s.usage + answer.usage
                 calls = answer.message.tool_calls
+                s.call_errors = dict(answer.call_errors)
                 self._append(answer.message, ref=f"model:{turn}")
                 self._event(
                     "model_completed",
@@ -214,29 +300,6 @@ class AgentRunWorkflow:
                 )
                 if not calls:
                     return self._complete(answer.message.content)
-                for call in calls:
-                    key = f"tool:{turn}:{call.id}"
-                    rejected = answer.call_errors.get(call.id)
-                    if rejected is not None:
-                        self._append(_error_result(call, rejected))
-                        self._event("tool_rejected", key, rejected)
-                        continue
-                    policy = pin.tools[call.name]
-                    if policy.requires_approval or policy.question:
-                        answered = await self._interact(turn, key, call, policy)
-                        if answered is not None:  # denied, answered, or timed out
-                            self._append(answered)
-                            continue
-                    outcome = await self._operation(
-                        key, partial(self._tool, key, call), resolve=partial(_resolved, call)
-                    )
-                    result = outcome.message
-                    self._append(result, ref=key if outcome.from_activity else None)
-                    self._event(
-                        outcome.event,
-                        key,
-                        result.content[:200] if result.is_error else call.name,
-                    )
         except asyncio.CancelledError:
             s.status = RunStatus.CANCELLED
             self._event("run_cancelled")
@@ -244,7 +307,69 @@ class AgentRunWorkflow:
             self._publish()
             raise
 
-    def _history_nearly_full(self, pin: AgentPin) -> bool:
+    def _refuse_input(self, problem: str) -> NoReturn:
+        """End a run whose start input durably cannot accept: failed, and visible as such."""
+        self._event("run_failed", detail=problem)
+        workflow.set_current_details(
+            f"**Failed**: the run's input was refused: {md_text(problem)}\n\n"
+            "Start a new run with a valid input."
+        )
+        self._publish()
+        raise ApplicationError(
+            f"durably refused this run's input: {problem}",
+            type=INVALID_RUN_INPUT,
+            non_retryable=True,
+        )
+
+    # -- a turn's tool calls ---------------------------------------------------------
+
+    def _unfinished_calls(self) -> list[ToolCall]:
+        """The calls of the latest model answer that have no result yet, in call order."""
+        for results, message in enumerate(reversed(self._s.transcript)):
+            if isinstance(message, AssistantMessage):
+                return list(message.tool_calls[results:])
+            if not isinstance(message, ToolResultMessage):
+                return []
+        return []
+
+    async def _call(self, turn: int, call: ToolCall) -> None:
+        """One call of the turn, to its committed result (in the transcript)."""
+        s = self._s
+        pin = _require(s.pin)
+        key = f"tool:{turn}:{call.id}"
+        rejected = s.call_errors.get(call.id)
+        if rejected is not None:
+            self._append(_error_result(call, rejected))
+            self._event("tool_rejected", key, rejected)
+            return
+        policy = pin.tools[call.name]
+        if policy.requires_approval or policy.question:
+            answered = await self._interact(turn, key, call, policy)
+            if answered is not None:  # denied, answered, or timed out
+                iid = _interaction_id(turn, call, policy)
+                self._append(answered, ref=self._outside_ref(f"answer:{iid}", answered.content))
+                return
+        outcome = await self._operation(
+            key, partial(self._tool, key, call), resolve=partial(_resolved, call)
+        )
+        result = outcome.message
+        self._append(result, ref=key if outcome.from_activity else None)
+        self._event(outcome.event, key, result.content[:200] if result.is_error else call.name)
+
+    def _outside_ref(self, ref: str, text: str) -> str | None:
+        """Send `text` to the model activity by reference when it is large (hardened runs):
+        it is in history once already, as the run's input or a person's response."""
+        if (
+            self._hardened
+            and len(text) > _INLINE_LIMIT // 4
+            and (len(text.encode("utf-8", "surrogatepass")) > _INLINE_LIMIT)
+        ):
+            return ref
+        return None
+
+    # -- continuing as new -------------------------------------------------------------
+
+    def _history_nearly_full(self) -> bool:
         """Time to continue as new: the history is approaching Temporal's limits.
 
         Not at the server's suggestion (from 4,000 events by default), which
@@ -254,30 +379,90 @@ class AgentRunWorkflow:
         continue as new again at once.
         """
         info = workflow.info()
+        pin = self._s.pin
+        events = pin.continue_as_new_events if pin else _DEFAULT_CAN_EVENTS
+        size = pin.continue_as_new_bytes if pin else _DEFAULT_CAN_BYTES
         return (
-            info.get_current_history_length() - self._base_events >= pin.continue_as_new_events
-            or info.get_current_history_size() - self._base_bytes >= pin.continue_as_new_bytes
+            info.get_current_history_length() - self._base_events >= events
+            or info.get_current_history_size() - self._base_bytes >= size
+        )
+
+    def _may_continue_from_wait(self) -> bool:
+        """A waiting or parked run continues as new too when its history nears the limit
+        (a flood of signals must not end it at Temporal's limit)."""
+        return (
+            self._hardened
+            and not self._cannot_continue
+            and self._s.archive is None
+            and self._history_nearly_full()
         )
 
     async def _continue_as_new(self) -> None:
         """Continue as new (this never returns), unless the transcript is too large to carry."""
-        s = self._s
         await workflow.wait_condition(workflow.all_handlers_finished)
-        size = sum(encoded_size(m) for m in s.transcript)
-        if size > _MAX_CARRIED_TRANSCRIPT:
-            await self._park(RunStatus.FAILED, error=_transcript_too_large(size), retryable=False)
+        too_large = self._too_large_to_carry()
+        if too_large is not None:
+            self._cannot_continue = True
+            await self._park(RunStatus.FAILED, error=too_large, retryable=False)
             return
+        self._continue_now()
+
+    def _too_large_to_carry(self) -> str | None:
+        size = sum(encoded_size(m) for m in self._s.transcript)
+        return _transcript_too_large(size) if size > _MAX_CARRIED_TRANSCRIPT else None
+
+    def _continue_now(self) -> NoReturn:
+        s = self._s
+        # The input travels once: in the transcript once the run has pinned.
+        text = s.input if not self._hardened or s.pin is None else ""
         workflow.continue_as_new(
-            RunInput(agent_id=s.agent_id, input=s.input, carried=self._archived())
+            RunInput(agent_id=s.agent_id, input=text, carried=self._archived())
         )
+
+    async def _wait(
+        self, done: Callable[[], bool], *, until: datetime | None = None, summary: str | None = None
+    ) -> bool:
+        """Wait until `done()` (True) or `until` passes (False).
+
+        Meanwhile the run continues as new if its history nears the limit;
+        the new run resumes this same wait from the state it carries.
+        """
+        while True:
+            if done():
+                return True
+            timeout = None
+            if until is not None:
+                timeout = until - workflow.now()
+                if timeout <= timedelta(0):
+                    return False
+            try:
+                await workflow.wait_condition(
+                    lambda: done() or self._may_continue_from_wait(),
+                    timeout=timeout,
+                    timeout_summary=summary,
+                )
+            except TimeoutError:
+                return done()
+            if done():
+                return True
+            # Handlers still running may yet decide; then nothing is left behind.
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            if done():
+                return True
+            if self._too_large_to_carry() is not None:
+                self._cannot_continue = True
+                continue
+            self._continue_now()
 
     def _archived(self) -> RunState:
         """The state to continue as new with, of a bounded size however long the run.
 
         The transcript stays in this run's history; the run's input travels
-        once, as `RunInput.input`; only the latest answers are carried.
+        once; only the latest answers are carried.
         """
         s = self._s
+        if not s.transcript:  # nothing to restore (parked before the pin)
+            return s.model_copy(update={"answered": _latest_answers(s.answered)})
         base_length, new = s.sent_length, self._unsent()
         if sum(encoded_size(m) for m in new if not isinstance(m, MessageRef)) > _DELTA_CARRIED:
             # Long answers since the last request: restore by query, not from a cache.
@@ -304,10 +489,11 @@ class AgentRunWorkflow:
     async def _restore(self, archive: TranscriptArchive) -> None:
         """Copy the transcript the previous run kept into this run's history, page by page."""
         s = self._s
-        workflow.set_current_details(
-            f"Restoring the transcript ({archive.length} messages) from the previous run "
-            f"`{archive.run_id}`"
-        )
+        if s.status == RunStatus.RUNNING:  # else the details keep saying what it waits for
+            workflow.set_current_details(
+                f"Restoring the transcript ({archive.length} messages) from the previous run "
+                f"{md_code(archive.run_id)}"
+            )
         while len(s.transcript) < archive.length:
             offset = len(s.transcript)
             page = await self._operation(
@@ -335,43 +521,146 @@ class AgentRunWorkflow:
             attention=s.attention,
             turns=s.turns,
             usage=s.usage,
-            events=list(s.events),
+            events=_merged(s.events, s.audit),
             error=s.error,
             current=workflow.get_current_details() or None,
         )
 
     @workflow.query
-    def transcript(self, offset: int) -> TranscriptPage:
-        return transcript_page(self._s.transcript, offset)
+    def transcript(self, offset: int, limit: int | None = None) -> TranscriptPage:
+        return transcript_page(self._s.transcript, offset, limit)
+
+    # -- responses ----------------------------------------------------------------
 
     @workflow.update(name="respond")
-    def respond(self, *payload: Any) -> RespondAccepted:
+    async def respond(self, *payload: Any) -> RespondAccepted:
         request = parse_request(RespondRequest, payload, "respond")
-        accepted, new = check_response(self._run_id, self._s, request)
+        accepted, new, response = check_response(
+            self._run_id, self._s, request, strict=self._hardened
+        )
+        if new and self._needs_signature(accepted):
+            await self._verify_signature(request, response)
+            # Other responses may have been decided meanwhile: check again.
+            accepted, new, response = check_response(
+                self._run_id, self._s, request, strict=self._hardened
+            )
         if new:
-            self._accept_response(accepted)
+            self._accept_response(accepted, response)
         return accepted
 
     @respond.validator
     def _validate_respond(self, *payload: Any) -> None:
         request = parse_request(RespondRequest, payload, "respond")
-        check_response(self._run_id, self._s, request)
+        check_response(self._run_id, self._s, request, strict=self._hardened)
 
-    @workflow.signal(name="respond_signal")
-    def respond_signal(self, *payload: Any) -> None:
-        """The `respond` rules for callers that can only signal (Temporal CLI, Web UI).
+    @workflow.signal(dynamic=True)
+    async def _signal(self, name: str, payload: Sequence[RawValue]) -> None:
+        """Every signal; only `respond_signal` is durably's (the `respond` rules for callers
+        that can only signal: the Temporal CLI, the Web UI).
 
-        A signal cannot be refused, so a rejected response is recorded as a
-        run event saying why, instead of raising.
+        A signal cannot be refused, so a rejected one is recorded as a run
+        event saying why instead of raising. Handled as a dynamic signal so
+        that the payload is decoded here: the SDK drops a signal whose
+        payload it cannot decode with only a worker log line, and buffers
+        one with an unknown name forever, both invisible to the operator
+        who sent it.
         """
+        if name != RESPOND_SIGNAL:
+            self._event(
+                "signal_rejected",
+                detail=f"unknown signal {short(name, 100)}; durably takes {RESPOND_SIGNAL!r} "
+                "(or the 'respond' update)",
+            )
+            return
         try:
-            request = parse_request(RespondRequest, payload, "respond_signal")
-            accepted, new = check_response(self._run_id, self._s, request)
+            args = tuple(_decode(raw) for raw in payload)
+            request = parse_request(RespondRequest, args, RESPOND_SIGNAL)
+            accepted, new, response = check_response(
+                self._run_id, self._s, request, strict=self._hardened
+            )
+            if new and self._needs_signature(accepted):
+                await self._verify_signature(request, response)
+                accepted, new, response = check_response(
+                    self._run_id, self._s, request, strict=self._hardened
+                )
         except ApplicationError as err:
             self._event("response_rejected", detail=f"{err.type}: {err.message}")
             return
         if new:
-            self._accept_response(accepted)
+            self._accept_response(accepted, response)
+
+    def _needs_signature(self, accepted: RespondAccepted) -> bool:
+        pending = self._s.interaction
+        return (
+            self._hardened
+            and accepted.type == "tool-approval"
+            and pending is not None
+            and pending.id == accepted.interaction_id
+            and pending.signed
+        )
+
+    async def _verify_signature(
+        self, request: RespondRequest, response: ApprovalResponse | QuestionResponse
+    ) -> None:
+        """Check a signed decision worker-side, with keys history never sees; raise if not."""
+        interaction = self._s.interaction
+        assert interaction is not None and isinstance(response, ApprovalResponse)
+        try:
+            problem = await self._verify(request, response, interaction)
+        except ActivityError as err:  # raised from a signal handler, it would fail the run
+            problem = f"the worker could not check it ({_describe(err)})"
+        if problem:
+            raise rejection(
+                "InvalidResponseError",
+                f"the decision on {interaction.id!r} was not accepted: {problem}",
+            )
+
+    async def _verify(
+        self,
+        request: RespondRequest,
+        response: ApprovalResponse,
+        interaction: Interaction,
+    ) -> str:
+        pin = _require(self._s.pin)
+        problem: str = await workflow.execute_local_activity(
+            ACTIVITY_VERIFY_APPROVAL,
+            VerifyApprovalRequest(
+                agent_id=pin.agent_id,
+                version=pin.version,
+                fingerprint=self._pin_check(),
+                tool=interaction.tool,
+                operation_id=interaction.operation_id or "",
+                interaction_id=interaction.id,
+                args_digest=interaction.args_digest,
+                approved=response.approved,
+                approver=request.responder,
+                token=response.token,
+            ),
+            result_type=str,
+            start_to_close_timeout=timedelta(seconds=10),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+            summary=f"verify approval {interaction.id}",
+        )
+        return problem
+
+    def _accept_response(
+        self, accepted: RespondAccepted, response: ApprovalResponse | QuestionResponse
+    ) -> None:
+        self._s.answered[accepted.interaction_id] = accepted
+        reason = response.reason if isinstance(response, ApprovalResponse) else None
+        answer = response.answer if isinstance(response, QuestionResponse) else None
+        self._texts[accepted.interaction_id] = (reason, answer)
+        who = f" by {accepted.responder}" if accepted.responder else ""
+        if accepted.identity:
+            who += f" (client {accepted.identity}; both self-declared)"
+        if accepted.type == "question":
+            self._event("answered", accepted.interaction_id, f"answered{who}")
+        else:
+            verdict = "approved" if accepted.approved else "denied"
+            because = f": {reason}" if reason else ""
+            self._event(verdict, accepted.interaction_id, f"{verdict}{who}{because}")
+
+    # -- operator decisions ----------------------------------------------------------
 
     @workflow.update(name="resolve_tool")
     def resolve_tool(self, *payload: Any) -> ResolveToolAccepted:
@@ -393,11 +682,10 @@ class AgentRunWorkflow:
         resolution = check_resolution(self._run_id, self._s, request)
         if self._decision is not None:
             decided = self._decision if isinstance(self._decision, str) else self._decision.type
-            raise ApplicationError(
+            raise rejection(
+                "DurableConflictError",
                 f"run {self._run_id!r} already accepted a {decided} decision for "
-                f"{request.operation!r}; it is being applied",
-                type="DurableConflictError",
-                non_retryable=True,
+                f"{short(request.operation)}; it is being applied",
             )
         return resolution
 
@@ -417,16 +705,6 @@ class AgentRunWorkflow:
         check_retry(self._run_id, self._s)
         parse_request(RetryRequest, payload, "retry")
 
-    def _accept_response(self, accepted: RespondAccepted) -> None:
-        self._s.answered[accepted.interaction_id] = accepted
-        who = f" by {accepted.responder}" if accepted.responder else ""
-        if accepted.type == "question":
-            self._event("answered", accepted.interaction_id, f"answered{who}")
-        else:
-            verdict = "approved" if accepted.approved else "denied"
-            reason = f": {accepted.reason}" if accepted.reason else ""
-            self._event(verdict, accepted.interaction_id, f"{verdict}{who}{reason}")
-
     # -- operations ---------------------------------------------------------------
 
     async def _interact(
@@ -435,29 +713,38 @@ class AgentRunWorkflow:
         """Wait for a person; None means approved (the call runs), else the call's result."""
         s = self._s
         kind = "question" if policy.question else "tool-approval"
-        interaction = Interaction(
-            id=f"{'question' if policy.question else 'approval'}:{turn}:{call.id}",
-            type=kind,
-            operation=key,
-            tool=call.name,
-            args=call.arguments,
-            args_digest=args_digest(call.arguments),
-            question=str(call.arguments.get("question", "")) if policy.question else None,
-        )
-        s.status = RunStatus.WAITING
-        s.interaction = interaction
-        s.outcome = {"type": "interaction", "interaction": interaction.model_dump(mode="json")}
-        self._event("waiting", key, f"{kind} {interaction.id}")
-        workflow.set_current_details(_waiting_details(interaction))
-        self._publish()
+        iid = _interaction_id(turn, call, policy)
         timeout = policy.approval_timeout_s
-        try:
-            await workflow.wait_condition(
-                lambda: interaction.id in s.answered,
-                timeout=timedelta(seconds=timeout) if timeout else None,
-                timeout_summary=f"{kind} timeout {interaction.id}",
+        if s.interaction is not None and s.interaction.id == iid:
+            interaction = s.interaction  # resumed after continuing as new while waiting
+        else:
+            interaction = Interaction(
+                id=iid,
+                type=kind,
+                operation=key,
+                tool=call.name,
+                args=call.arguments,
+                args_digest=args_digest(call.arguments),
+                question=str(call.arguments.get("question", "")) if policy.question else None,
             )
-        except TimeoutError:
+            if self._hardened:
+                interaction.operation_id = self._operation_id(key)
+                interaction.signed = policy.signed_approval and not policy.question
+                if timeout:
+                    interaction.expires_at = workflow.now() + timedelta(seconds=timeout)
+            s.status = RunStatus.WAITING
+            s.interaction = interaction
+            s.outcome = {"type": "interaction", "interaction": interaction.model_dump(mode="json")}
+            self._event("waiting", key, f"{kind} {interaction.id}")
+            self._publish()
+        workflow.set_current_details(waiting_details(self._run_id, interaction))
+        until = interaction.expires_at
+        if until is None and timeout:  # 0.1.0 kept no deadline
+            until = workflow.now() + timedelta(seconds=timeout)
+        answered = await self._wait(
+            lambda: interaction.id in s.answered, until=until, summary=f"{kind} timeout {iid}"
+        )
+        if not answered:
             what = "question" if policy.question else "approval"
             s.answered[interaction.id] = RespondAccepted(
                 interaction_id=interaction.id,
@@ -468,19 +755,35 @@ class AgentRunWorkflow:
             )
             self._event("timed_out", interaction.id, f"no response within {timeout:g} s")
         accepted = s.answered[interaction.id]
+        reason, answer = self._texts.pop(interaction.id, (accepted.reason, accepted.answer))
         s.status = RunStatus.RUNNING
         s.interaction = None
         s.outcome = None
         self._publish()
-        if accepted.type == "question" and accepted.answer is not None:
-            return ToolResultMessage(call_id=call.id, tool=call.name, content=accepted.answer)
+        if accepted.type == "question" and answer is not None:
+            return ToolResultMessage(call_id=call.id, tool=call.name, content=answer)
         if accepted.approved:
             return None
-        return _error_result(call, f"denied: {accepted.reason or 'no reason given'}")
+        return _error_result(call, f"denied: {reason or 'no reason given'}")
+
+    def _operation_id(self, key: str) -> str:
+        """The operation's full external key: unique per execution chain since the patch."""
+        chain = self._s.chain
+        return f"{self._run_id}/{chain}/{key}" if chain else f"{self._run_id}/{key}"
+
+    def _pin_check(self) -> str:
+        """What activities compare with their registration: the fingerprint (0.1.0), or
+        a digest of the whole pin the run applies (its policies, not just a copyable name)."""
+        pin = _require(self._s.pin)
+        if not self._hardened:
+            return pin.fingerprint
+        if self._pin_digest is None:
+            self._pin_digest = PIN_DIGEST_PREFIX + model_digest(pin)
+        return self._pin_digest
 
     async def _pin(self) -> AgentPin:
         s = self._s
-        workflow.set_current_details(f"Resolving the registration of agent `{s.agent_id}`")
+        workflow.set_current_details(f"Resolving the registration of agent {md_code(s.agent_id)}")
         request = PinRequest(agent_id=s.agent_id, version=s.requested_version)
         # In the run's first workflow task, as a local activity: a round trip
         # and an activity fewer per run.
@@ -504,7 +807,7 @@ class AgentRunWorkflow:
         call = ModelCallInput(
             agent_id=pin.agent_id,
             version=pin.version,
-            fingerprint=pin.fingerprint,
+            fingerprint=self._pin_check(),
             key=key,
             base_length=s.sent_length,
             new=new,
@@ -554,19 +857,21 @@ class AgentRunWorkflow:
         return page
 
     async def _tool(self, key: str, call: ToolCall) -> _ToolOutcome:
-        pin = _require(self._s.pin)
+        s = self._s
+        pin = _require(s.pin)
         policy = pin.tools[call.name]
         workflow.set_current_details(
-            f"Running tool `{call.name}` ({key}, recovery: {policy.recovery})"
+            f"Running tool {md_code(call.name)} ({md_code(key)}, recovery: {policy.recovery})"
         )
         result: ToolResultMessage = await workflow.execute_activity(
             ACTIVITY_TOOL,
             ToolCallInput(
                 agent_id=pin.agent_id,
                 version=pin.version,
-                fingerprint=pin.fingerprint,
+                fingerprint=self._pin_check(),
                 key=key,
                 call=call,
+                chain=s.chain,
             ),
             result_type=ToolResultMessage,
             start_to_close_timeout=timedelta(seconds=policy.start_to_close_s),
@@ -588,34 +893,42 @@ class AgentRunWorkflow:
         """Run an operation; on a final failure park the run until an operator decides.
 
         `retry()` and a `rerun` resolution run it again under the same key
-        (so the same operation_id); a json/error resolution is its result.
+        (so the same operation_id); a json/error resolution is its result. A
+        run that continued as new while parked on `key` waits for that
+        decision again rather than running the operation.
         """
         while True:
-            try:
-                result = await op()
-            # A local activity (the pin) fails with its own error, not an ActivityError.
-            except (
-                ActivityError,
-                ApplicationError,
-                ActivityTimeoutError,
-                TemporalCancelledError,
-            ) as err:
-                if is_cancelled_exception(err):
-                    # The run was cancelled while this activity ran; it has stopped.
-                    raise asyncio.CancelledError() from err
-                status, attention = self._classify(key, err)
-                decision = await self._park(
-                    status, error=_describe(err), key=key, attention=attention
-                )
-                if isinstance(decision, JsonResolution | ErrorResolution) and resolve:
-                    return resolve(decision)
-                continue
-            # An operation that completes while the run is being cancelled hands back its
-            # result and erases the cancellation (WAIT_CANCELLATION_COMPLETED).
-            cancelled = workflow.cancellation_reason() is not None
-            if cancelled:
-                raise asyncio.CancelledError()
-            return result
+            if self._parked_on(key):
+                decision = await self._park_until_decided(key)
+            else:
+                try:
+                    result = await op()
+                # A local activity (the pin) fails with its own error, not an ActivityError.
+                except (
+                    ActivityError,
+                    ApplicationError,
+                    ActivityTimeoutError,
+                    TemporalCancelledError,
+                ) as err:
+                    if is_cancelled_exception(err):
+                        # The run was cancelled while this activity ran; it has stopped.
+                        raise asyncio.CancelledError() from err
+                    status, attention = self._classify(key, err)
+                    decision = await self._park(
+                        status, error=_describe(err), key=key, attention=attention
+                    )
+                else:
+                    # An operation that completes while the run is being cancelled hands
+                    # back its result and erases the cancellation (WAIT_CANCELLATION_COMPLETED).
+                    if workflow.cancellation_reason() is not None:
+                        raise asyncio.CancelledError()
+                    return result
+            if isinstance(decision, JsonResolution | ErrorResolution) and resolve:
+                return resolve(decision)
+
+    def _parked_on(self, key: str | None) -> bool:
+        s = self._s
+        return s.status in _PARKED and key == (s.blocked_operation or s.failed_operation)
 
     def _classify(self, key: str, err: FailureError) -> tuple[RunStatus, Attention | None]:
         """Which status a failed operation leaves the run in."""
@@ -626,7 +939,9 @@ class AgentRunWorkflow:
                 "version_missing",
                 "version_incompatible",
             ):
-                return RunStatus.NEEDS_ATTENTION, Attention(reason=detail["reason"], detail=detail)
+                return RunStatus.NEEDS_ATTENTION, Attention(
+                    reason=detail["reason"], detail={**detail, "last_error": _describe(err)}
+                )
         if key.startswith("tool:"):
             pin = _require(self._s.pin)
             call = find_call(self._s, key)
@@ -654,23 +969,27 @@ class AgentRunWorkflow:
     ) -> JsonResolution | ErrorResolution | RerunResolution | str:
         """Hold the run open in `failed`/`needs_attention` until an operator decides."""
         s = self._s
-        s.status = status
-        s.error = error if status == RunStatus.FAILED else None
-        s.failed_operation = key if status == RunStatus.FAILED else None
-        s.blocked_operation = key if status == RunStatus.NEEDS_ATTENTION else None
-        s.attention = attention
-        s.retryable = retryable
-        if status == RunStatus.NEEDS_ATTENTION:
-            self._event("needs_attention", key, attention.reason if attention else error)
-            workflow.set_current_details(_attention_details(key, attention, error))
-        else:
-            self._event("run_failed", key, error)
-            workflow.set_current_details(
-                f"**Failed**: {error}\n\nFix the cause, then retry the run."
-            )
-        self._publish()
-        self._decision = None
-        await workflow.wait_condition(lambda: self._decision is not None)
+        if not (self._parked_on(key) and s.status == status and s.error in (None, error)):
+            self._decision = None
+            s.status = status
+            s.error = error if status == RunStatus.FAILED else None
+            s.failed_operation = key if status == RunStatus.FAILED else None
+            s.blocked_operation = key if status == RunStatus.NEEDS_ATTENTION else None
+            s.attention = attention
+            s.retryable = retryable
+            if status == RunStatus.NEEDS_ATTENTION:
+                self._event("needs_attention", key, attention.reason if attention else error)
+            else:
+                self._event("run_failed", key, error)
+            self._publish()
+        return await self._park_until_decided(key)
+
+    async def _park_until_decided(
+        self, key: str | None
+    ) -> JsonResolution | ErrorResolution | RerunResolution | str:
+        s = self._s
+        self._show_what_it_waits_for()
+        await self._wait(lambda: self._decision is not None)
         self._pin_clock = None
         decision = self._decision
         assert decision is not None
@@ -687,6 +1006,18 @@ class AgentRunWorkflow:
         return decision
 
     # -- state --------------------------------------------------------------------
+
+    def _show_what_it_waits_for(self) -> None:
+        """Current details of a parked or waiting run (nothing for a running one)."""
+        s = self._s
+        if s.status == RunStatus.NEEDS_ATTENTION:
+            key = s.blocked_operation
+            error = _attention_error(s)
+            workflow.set_current_details(attention_details(self._run_id, key, s.attention, error))
+        elif s.status == RunStatus.FAILED:
+            workflow.set_current_details(failed_details(self._run_id, s.error or "", s.retryable))
+        elif s.status == RunStatus.WAITING and s.interaction is not None:
+            workflow.set_current_details(waiting_details(self._run_id, s.interaction))
 
     def _append(self, message: Message, *, ref: str | None = None) -> None:
         s = self._s
@@ -706,26 +1037,39 @@ class AgentRunWorkflow:
 
     def _event(self, type: str, operation: str | None = None, detail: str | None = None) -> None:
         s = self._s
-        s.event_seq += 1
         if detail is not None and len(detail) > _DETAIL_KEPT:
             detail = f"{detail[:_DETAIL_KEPT]}... ({len(detail)} characters)"
-        s.events.append(
-            RunEvent(
-                seq=s.event_seq,
-                at=self._pin_clock or workflow.now(),
-                type=type,
-                operation=operation,
-                detail=detail,
-            )
+        last = s.events[-1] if s.events else None
+        if (
+            last is not None
+            and type in _COALESCED
+            and (last.type, last.operation, last.detail) == (type, operation, detail)
+        ):
+            last.count += 1  # the same rejection again: a counter, not another entry
+            return
+        s.event_seq += 1
+        event = RunEvent(
+            seq=s.event_seq,
+            at=self._pin_clock or workflow.now(),
+            type=type,
+            operation=operation,
+            detail=detail,
         )
+        s.events.append(event)
         del s.events[:-_EVENTS_KEPT]
+        kind = _AUDIT_KINDS.get(type)
+        if kind is not None:
+            s.audit.append(event)
+            same = [e for e in s.audit if _AUDIT_KINDS[e.type] == kind]
+            if len(same) > _EVENTS_KEPT:
+                s.audit.remove(same[0])
 
     def _publish(self) -> None:
         """Upsert the search attributes that changed (each upsert is a history event)."""
         s = self._s
         wanted = {
             SA_STATUS.name: s.status.value,
-            SA_AGENT.name: s.agent_id,
+            SA_AGENT.name: s.agent_id or None,
             SA_AGENT_VERSION.name: s.pin.version if s.pin else None,
         }
         updates: list[SearchAttributeUpdate[str]] = []
@@ -747,6 +1091,13 @@ class _ToolOutcome:
     from_activity: bool = True
 
 
+# Thresholds before the pin names the registration's (AgentRegistration defaults).
+_DEFAULT_CAN_EVENTS = AgentPin.model_fields["continue_as_new_events"].default
+_DEFAULT_CAN_BYTES = AgentPin.model_fields["continue_as_new_bytes"].default
+# Events that repeat in a row become one entry with a count.
+_COALESCED = {"response_rejected", "signal_rejected"}
+
+
 def _resolved(call: ToolCall, resolution: JsonResolution | ErrorResolution) -> _ToolOutcome:
     """The result an operator supplied for an interrupted call."""
     if isinstance(resolution, JsonResolution):
@@ -755,6 +1106,43 @@ def _resolved(call: ToolCall, resolution: JsonResolution | ErrorResolution) -> _
         )
         return _ToolOutcome(message, "tool_resolved", from_activity=False)
     return _ToolOutcome(_error_result(call, resolution.message), "tool_resolved", False)
+
+
+def _interaction_id(turn: int, call: ToolCall, policy: ToolPolicy) -> str:
+    return f"{'question' if policy.question else 'approval'}:{turn}:{call.id}"
+
+
+def _agent_id_of(payload: tuple[Any, ...]) -> str:
+    """The agent a refused input names, if it names one plainly (for the run's listing)."""
+    raw = payload[0] if len(payload) == 1 and isinstance(payload[0], dict) else {}
+    agent_id = raw.get("agent_id")
+    if isinstance(agent_id, str) and 0 < len(agent_id) <= 200 and not CONTROL.search(agent_id):
+        return agent_id
+    return ""
+
+
+def _decode(raw: RawValue) -> Any:
+    """A signal's payload, or a rejection saying why it could not be read."""
+    try:
+        return workflow.payload_converter().from_payload(raw.payload)
+    except Exception as err:
+        encoding = raw.payload.metadata.get("encoding", b"").decode(errors="replace")
+        raise rejection(
+            "InvalidResponseError",
+            f"{RESPOND_SIGNAL} takes a JSON RespondRequest object; its payload could not be "
+            f"decoded (encoding {short(encoding, 60)}: {short(str(err), 200)})",
+        ) from None
+
+
+def _merged(events: list[RunEvent], audit: list[RunEvent]) -> list[RunEvent]:
+    """Recent events plus the audit events older than them, in order."""
+    seen = {e.seq for e in events}
+    return sorted([*events, *(e for e in audit if e.seq not in seen)], key=lambda e: e.seq)
+
+
+def _attention_error(s: RunState) -> str:
+    detail = s.attention.detail if s.attention else {}
+    return str(detail.get("last_error") or (s.attention.reason if s.attention else "unknown"))
 
 
 def _start_value(key: SearchAttributeKey[str]) -> str | None:
@@ -809,34 +1197,6 @@ def _transcript_too_large(size: int) -> str:
         "limit, and more than a model reads at once; cancel this run and start a new one "
         "from a summary of it, or have the agent's tools return less"
     )
-
-
-def _waiting_details(interaction: Interaction) -> str:
-    args = render_result(interaction.args)
-    if len(args) > 1_000:
-        args = f"{args[:1_000]}... ({len(args)} characters; the snapshot has them all)"
-    if interaction.type == "question":
-        return (
-            f"**Waiting for an answer** ({interaction.id}): {interaction.question}\n\n"
-            f"Answer with `durably answer RUN TEXT --as NAME`."
-        )
-    return (
-        f"**Waiting for approval** ({interaction.id}) of tool `{interaction.tool}` with "
-        f"`{args}`\n\nApprove with `durably approve RUN --as NAME`, or deny with "
-        "`durably deny RUN --reason ... --as NAME`."
-    )
-
-
-def _attention_details(key: str | None, attention: Attention | None, error: str) -> str:
-    if attention is not None and attention.reason == "tool_interrupted":
-        tool = attention.detail.get("tool")
-        return (
-            f"**Needs attention**: tool `{tool}` ({key}) was interrupted and its outcome is "
-            f"unknown ({error}). Check in the external system whether it took effect, then "
-            f"resolve the operation with its real result (`durably resolve RUN {key} ...`)."
-        )
-    reason = attention.reason if attention else "unknown"
-    return f"**Needs attention** ({reason}): {error}"
 
 
 def _error_result(call: ToolCall, message: str) -> ToolResultMessage:

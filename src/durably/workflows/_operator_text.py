@@ -1,0 +1,65 @@
+"""What a run tells an operator in the Temporal Web UI (current details, Markdown).
+
+Everything quoted here came from outside the workflow: a model wrote the
+question and the arguments, a caller chose the run id and the reason. The
+Web UI renders current details as Markdown, so each is escaped (`md_text`)
+or fenced (`md_code`): a backtick in a tool's arguments must not end the
+code span, and a model-written question must not place a link in front of
+the person who approves.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from durably._text import md_code, md_text
+    from durably.contract import RESPOND_SIGNAL, Attention, Interaction
+    from durably.tools import render_result
+
+__all__ = ["attention_details", "failed_details", "waiting_details"]
+
+_ARGS_SHOWN = 1_000
+
+
+def waiting_details(run_id: str, interaction: Interaction) -> str:
+    run = md_code(run_id)
+    if interaction.type == "question":
+        return (
+            f"**Waiting for an answer** ({md_code(interaction.id)}): "
+            f"{md_text(interaction.question or '')}\n\n"
+            f"Answer with `durably answer` {run} `TEXT --as NAME`, or signal "
+            f"{md_code(RESPOND_SIGNAL)}."
+        )
+    args = render_result(interaction.args)
+    if len(args) > _ARGS_SHOWN:
+        args = f"{args[:_ARGS_SHOWN]}... ({len(args)} characters; the snapshot has them all)"
+    signed = " with a signed token" if interaction.signed else ""
+    return (
+        f"**Waiting for approval** ({md_code(interaction.id)}) of tool "
+        f"{md_code(interaction.tool)} with {md_code(args)}\n\n"
+        f"Approve{signed} with `durably approve` {run} `--as NAME`, or deny with "
+        f"`durably deny` {run} `--reason ... --as NAME`."
+    )
+
+
+def attention_details(run_id: str, key: str | None, attention: Attention | None, error: str) -> str:
+    if attention is not None and attention.reason == "tool_interrupted":
+        tool = str(attention.detail.get("tool"))
+        return (
+            f"**Needs attention**: tool {md_code(tool)} ({md_code(key or '')}) was interrupted "
+            f"and its outcome is unknown ({md_text(error)}). Check in the external system "
+            "whether it took effect, then resolve the operation with its real result "
+            f"(`durably resolve` {md_code(run_id)} {md_code(key or '')} `...`)."
+        )
+    reason = attention.reason if attention else "unknown"
+    return f"**Needs attention** ({md_text(reason)}): {md_text(error)}"
+
+
+def failed_details(run_id: str, error: str, retryable: bool) -> str:
+    then = (
+        f"Fix the cause, then retry the run (`durably retry` {md_code(run_id)})."
+        if retryable
+        else "Retrying cannot fix this: cancel the run and start a new one."
+    )
+    return f"**Failed**: {md_text(error)}\n\n{then}"
