@@ -21,9 +21,7 @@ from durably.workflows import AgentRunWorkflow
 _ROOT = Path(__file__).parent / "histories"
 # By folder: `0.1.0/` was recorded by that release, `<patch id>/` by the code
 # that introduced the patch.
-HISTORIES = {
-    f"{p.parent.name}/{p.stem}": p.read_text() for p in sorted(_ROOT.glob("*/*.json"))
-}
+HISTORIES = {f"{p.parent.name}/{p.stem}": p.read_text() for p in sorted(_ROOT.glob("*/*.json"))}
 
 
 def test_histories_are_recorded() -> None:

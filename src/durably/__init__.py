@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from durably.agents import Agent, AgentRegistration, ModelRetry, ToolRetry
+    from durably.approvals import ApprovalKeys
     from durably.client import DurableClient, RunHandle
     from durably.contract import RunResult, RunSnapshot, RunStatus, RunSummary
     from durably.errors import (
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
         DurablyError,
         InteractionConflictError,
         InvalidResponseError,
+        InvalidRunInputError,
         RegistrationError,
         RunCancelledError,
         RunClosedError,
         RunFailedError,
         RunNotFoundError,
+        TemporalUnavailableError,
     )
     from durably.messages import (
         AssistantMessage,
@@ -56,6 +59,7 @@ _EXPORTS = {
     "AgentRegistration": "durably.agents",
     "AgentRegistry": "durably.registry",
     "AnthropicModel": "durably.models",
+    "ApprovalKeys": "durably.approvals",
     "AssistantMessage": "durably.messages",
     "DurableClient": "durably.client",
     "DurableConflictError": "durably.errors",
@@ -65,6 +69,7 @@ _EXPORTS = {
     "FunctionModel": "durably.models",
     "InteractionConflictError": "durably.errors",
     "InvalidResponseError": "durably.errors",
+    "InvalidRunInputError": "durably.errors",
     "Model": "durably.models",
     "ModelRequest": "durably.messages",
     "ModelResponse": "durably.messages",
@@ -82,6 +87,7 @@ _EXPORTS = {
     "RunStatus": "durably.contract",
     "RunSummary": "durably.contract",
     "ScriptedModel": "durably.models",
+    "TemporalUnavailableError": "durably.errors",
     "Tool": "durably.tools",
     "ToolCall": "durably.messages",
     "ToolContext": "durably.tools",
@@ -100,6 +106,7 @@ __all__ = [
     "AgentRegistration",
     "AgentRegistry",
     "AnthropicModel",
+    "ApprovalKeys",
     "AssistantMessage",
     "DurableClient",
     "DurableConflictError",
@@ -109,6 +116,7 @@ __all__ = [
     "FunctionModel",
     "InteractionConflictError",
     "InvalidResponseError",
+    "InvalidRunInputError",
     "Model",
     "ModelErrorVerdict",
     "ModelRequest",
@@ -126,6 +134,7 @@ __all__ = [
     "RunStatus",
     "RunSummary",
     "ScriptedModel",
+    "TemporalUnavailableError",
     "Tool",
     "ToolCall",
     "ToolContext",

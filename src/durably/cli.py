@@ -9,15 +9,22 @@
     durably runs show RUN [--json]       read one run's snapshot
     durably inbox                        what waits for a person, across all runs
     durably approve RUN --as NAME        approve the pending tool call (deny: --reason)
+    durably approval-key                 a new key for signed approvals
     durably answer RUN TEXT --as NAME    answer the pending question
     durably resolve RUN OP --json V      supply an interrupted tool call's real result
     durably retry RUN                    run a failed run's failed operation again
-    durably cancel RUN                   cancel a run
+    durably cancel RUN                   cancel a run and wait until it has closed
 
 `--target` and `--namespace` default to the standard `TEMPORAL_ADDRESS` /
 `TEMPORAL_NAMESPACE` environment variables and Temporal config file, else
 `localhost:7233` and `default`. A `DurablyError` prints its message in red
 and exits with status 1.
+
+Whatever a model, a tool, a caller or a run wrote (outputs, questions,
+arguments, names, ids, error messages) goes through `printable` before it
+reaches the terminal, so an escape sequence or bidi control in it shows as
+`\x1b` / `\u202e` instead of acting on the operator's terminal. `--json`
+output is JSON with every non-ASCII character escaped.
 """
 
 from __future__ import annotations
@@ -41,10 +48,14 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import CancelledError, TerminatedError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError
 
+from durably._text import printable
 from durably.agents import AgentRegistration
+from durably.approvals import ENV_KEYS, ENV_KEYS_FILE, ApprovalKeys
 from durably.client import DurableClient, RunHandle
 from durably.contract import (
     DEFAULT_TASK_QUEUE,
@@ -122,17 +133,43 @@ def worker(
     target: Target = None,
     namespace: Namespace = None,
     task_queue: TaskQueue = DEFAULT_TASK_QUEUE,
+    cache_mb: Annotated[
+        int | None,
+        typer.Option(
+            "--transcript-cache-mb",
+            help="Bound of the worker's transcript cache in MiB (default 256; 0 turns it off).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Host the agents at `module:attr` until Ctrl-C or SIGTERM, then drain and exit."""
+    """Host the agents at `module:attr` until Ctrl-C or SIGTERM, then drain and exit.
+
+    Signed approvals are checked with the keys in $DURABLY_APPROVAL_KEYS (or the
+    file $DURABLY_APPROVAL_KEYS_FILE names).
+    """
     _import_from_cwd()
-    _run(_worker(agents, target, namespace, task_queue))
+    cache_bytes = None if cache_mb is None else cache_mb * 2**20
+    _run(_worker(agents, target, namespace, task_queue, cache_bytes))
 
 
-async def _worker(agents: str, target: str | None, namespace: str | None, task_queue: str) -> None:
+async def _worker(
+    agents: str,
+    target: str | None,
+    namespace: str | None,
+    task_queue: str,
+    cache_bytes: int | None,
+) -> None:
     from durably.worker import run_worker
 
     stop = _stop_on_signals()
-    await run_worker(agents, target=target, namespace=namespace, task_queue=task_queue, stop=stop)
+    await run_worker(
+        agents,
+        target=target,
+        namespace=namespace,
+        task_queue=task_queue,
+        stop=stop,
+        transcript_cache_bytes=cache_bytes,
+    )
     console.print("Worker stopped.")
 
 
@@ -224,9 +261,9 @@ async def _demo(client: DurableClient, server: DevServer, text: str) -> None:
     try:
         result = await run.result()
     except DurablyError as err:
-        err_console.print(Text(f"Demo run did not complete: {err}", style="red"))
+        err_console.print(_safe(f"Demo run did not complete: {err}", style="red"))
         return
-    console.print(Text(f"Demo output: {result.output}", style="green"))
+    console.print(_safe(f"Demo output: {result.output}", keep_newlines=True, style="green"))
 
 
 _DEMO_PROMPT = "My printer queue is stuck"
@@ -272,7 +309,7 @@ def _banner(server: DevServer, agents: str) -> None:
 async def _report_unfinished(client: DurableClient) -> None:
     try:
         unfinished = await client.list_runs(unfinished=True, limit=100)
-    except RPCError:
+    except (RPCError, DurablyError):
         return
     if unfinished:
         console.print(
@@ -323,27 +360,98 @@ async def _start(
 ) -> None:
     client = await DurableClient.connect(target, namespace, task_queue)
     run = await client.start_run(agent_id, input, version=version, run_id=run_id)
-    console.print(Text(f"Started run {run.run_id}"))
+    console.print(_safe(f"Started run {run.run_id}"))
     if wait:
         result = await run.result()
         console.print(Text(f"Completed after {result.turns} turn(s)", style="green"))
-        console.print(Text(result.output or ""))
+        console.print(_safe(result.output or "", keep_newlines=True))
 
 
 @app.command()
 def cancel(
     run_id: RunId,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait", help="Wait until the run has closed and say how it ended."
+        ),
+    ] = True,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="How long to wait, in seconds.", min=0)
+    ] = 30.0,
     target: Target = None,
     namespace: Namespace = None,
 ) -> None:
-    """Cancel a run: a running tool sees its abort signal, then the run ends cancelled."""
-    _run(_cancel(run_id, target, namespace))
+    """Cancel a run: a running tool sees its abort signal, then the run ends cancelled.
+
+    Exits with status 1 if the run has not closed within --timeout seconds.
+    """
+    _run(_cancel(run_id, wait, timeout, target, namespace))
 
 
-async def _cancel(run_id: str, target: str | None, namespace: str | None) -> None:
-    run = await _handle(run_id, target, namespace)
+async def _cancel(
+    run_id: str, wait: bool, within: float, target: str | None, namespace: str | None
+) -> None:
+    client = await DurableClient.connect(target, namespace)
+    run = await client.get_run(run_id)
     await run.cancel()
-    console.print(Text(f"Cancellation of run {run_id} requested."))
+    if not wait:
+        console.print(
+            _safe(
+                f"Cancellation of run {run_id} requested; it closes once its running tool or "
+                f"model request has stopped (`durably runs show {run_id}`)."
+            )
+        )
+        return
+    try:
+        async with asyncio.timeout(within):
+            ended = await _how_it_closed(client, run_id)
+    except TimeoutError:
+        await _not_closed(run, within)
+        raise typer.Exit(1) from None
+    console.print(_safe(f"Run {run_id} {ended}."))
+
+
+async def _how_it_closed(client: DurableClient, run_id: str) -> str:
+    """Wait until the run's workflow closes; how it ended, in words."""
+    handle = client.temporal.get_workflow_handle(run_id)
+    try:
+        await handle.result()
+    except WorkflowFailureError as err:
+        if isinstance(err.cause, CancelledError):
+            return "was cancelled"
+        if isinstance(err.cause, TerminatedError):
+            return "was terminated"
+        if isinstance(err.cause, TemporalTimeoutError):
+            return "timed out"
+        return f"failed: {err.cause or err}"
+    return "completed before the cancellation took effect; its output stays readable"
+
+
+async def _not_closed(run: RunHandle, waited: float) -> None:
+    """Say that the run is still open, what it is doing, and the last resort."""
+    try:
+        snap = await run.snapshot()
+        now = f"it is {snap.status.value}: {snap.current or 'no details'}"
+    except DurablyError as err:
+        now = f"its snapshot cannot be read ({err})"
+    err_console.print(
+        _safe(
+            f"Run {run.run_id} has not closed {waited:g} s after its cancellation was "
+            f"requested; {_clip(printable(now, keep_newlines=True), 300)}",
+            style="red",
+        )
+    )
+    err_console.print(
+        _safe(
+            "It closes once its running tool or model request stops (a tool sees "
+            f"ctx.abort_signal). Wait longer (`durably cancel {run.run_id} --timeout 300`) "
+            f"or check with `durably runs show {run.run_id}`. Only as a last resort: "
+            f"`temporal workflow terminate --workflow-id {run.run_id}` ends it at once, but "
+            "terminate skips the run's cleanup: no cancellation is recorded, its "
+            "DurablyStatus stays as it is, and a running tool is not waited for."
+        )
+    )
 
 
 @app.command()
@@ -430,7 +538,7 @@ async def _resolve(
     run = await _handle(run_id, target, namespace)
     await run.resolve_tool(operation, resolution)
     console.print(
-        Text(f"Resolved {operation} of run {run_id} ({resolution['type']}); the run continues.")
+        _safe(f"Resolved {operation} of run {run_id} ({resolution['type']}); the run continues.")
     )
 
 
@@ -448,7 +556,7 @@ async def _retry(run_id: str, target: str | None, namespace: str | None) -> None
     run = await _handle(run_id, target, namespace)
     accepted = await run.retry()
     what = accepted.operation or "the run"
-    console.print(Text(f"Retrying {what} of run {run_id} (was {accepted.previous_status.value})."))
+    console.print(_safe(f"Retrying {what} of run {run_id} (was {accepted.previous_status.value})."))
 
 
 Responder = Annotated[
@@ -483,7 +591,11 @@ def approve(
     target: Target = None,
     namespace: Namespace = None,
 ) -> None:
-    """Approve the tool call a run is waiting on; the tool then runs."""
+    """Approve the tool call a run is waiting on; the tool then runs.
+
+    The approval carries the args_digest of the call it was read with (or
+    --digest), so it never approves other arguments than the ones printed.
+    """
     response: dict[str, Any] = {"type": "tool-approval", "approved": True}
     if digest is not None:
         response["args_digest"] = digest
@@ -501,6 +613,14 @@ def deny(
         ),
     ] = None,
     interaction: InteractionId = None,
+    digest: Annotated[
+        str | None,
+        typer.Option(
+            "--digest",
+            help="The args_digest you reviewed; refused if the call's arguments differ.",
+            show_default=False,
+        ),
+    ] = None,
     target: Target = None,
     namespace: Namespace = None,
 ) -> None:
@@ -508,6 +628,8 @@ def deny(
     response: dict[str, Any] = {"type": "tool-approval", "approved": False}
     if reason is not None:
         response["reason"] = reason
+    if digest is not None:
+        response["args_digest"] = digest
     _run(_respond(run_id, interaction, response, responder, target, namespace))
 
 
@@ -534,23 +656,86 @@ async def _respond(
     namespace: str | None,
 ) -> None:
     run = await _handle(run_id, target, namespace)
-    if interaction_id is None:
+    call: dict[str, Any] | None = None
+    if interaction_id is None or response["type"] == "tool-approval":
         snap = await run.snapshot()
         pending = (
             (snap.outcome or {}).get("interaction") if snap.status == RunStatus.WAITING else None
         )
-        if pending is None:
-            raise DurablyError(
-                f"run {run_id} is {snap.status.value} and waits for no approval or answer; "
-                "see `durably inbox`"
-            )
-        interaction_id = str(pending["id"])
+        if interaction_id is None:
+            if pending is None:
+                raise DurablyError(
+                    f"run {run_id} is {snap.status.value} and waits for no approval or answer; "
+                    "see `durably inbox`"
+                )
+            interaction_id = str(pending["id"])
+        if response["type"] == "tool-approval":
+            call = _reviewed_call(run_id, interaction_id, pending, response)
+            if call is not None and call.get("signed"):
+                response["token"] = _signed(call, response, responder)
     accepted = await run.respond(interaction_id, response, responder=responder)
     if accepted.type == "question":
         verdict = "answered"
     else:
         verdict = "approved" if accepted.approved else "denied"
-    console.print(Text(f"{interaction_id} of run {run_id}: {verdict} by {accepted.responder}."))
+    console.print(_safe(f"{interaction_id} of run {run_id}: {verdict} by {accepted.responder}."))
+    if call is not None:
+        args = json.dumps(call.get("args"), ensure_ascii=False, separators=(",", ":"))
+        console.print(_safe(f"  tool {call.get('tool')}, arguments {_clip(args, 300)}"))
+
+
+def _reviewed_call(
+    run_id: str, interaction_id: str, pending: dict[str, Any] | None, response: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The call an approval or denial is about; its args_digest goes into `response`.
+
+    Without it, a run id reused by another run, or a call that changed since
+    the snapshot was read, would get the same decision for other arguments.
+    """
+    if pending is not None and pending.get("id") == interaction_id:
+        response.setdefault("args_digest", pending.get("args_digest"))
+        return pending
+    if "args_digest" in response:  # the operator names the call by its digest
+        return None
+    verdict = "approved" if response["approved"] else "denied"
+    now = f"it waits on {pending['id']}" if pending is not None else "it waits on none"
+    raise DurablyError(
+        f"{interaction_id} is not the call run {run_id} waits for approval on ({now}), so "
+        f"nothing was {verdict}. Omit --interaction to decide on the pending call, or pass "
+        "the --digest you reviewed"
+    )
+
+
+def _signed(call: dict[str, Any], response: dict[str, Any], responder: str) -> str:
+    """A token for a call whose registration names approvers (see `durably.approvals`)."""
+    keys = ApprovalKeys.from_env()
+    if keys is None:
+        raise DurablyError(
+            f"tool {call.get('tool')} takes only signed decisions, and no approval key is set "
+            f"here: set {ENV_KEYS} (or {ENV_KEYS_FILE}) to a key the workers hold, or decide "
+            "through the service that signs approvals for you"
+        )
+    return keys.sign(call, approved=bool(response["approved"]), approver=responder)
+
+
+@app.command("approval-key")
+def approval_key(
+    key_id: Annotated[
+        str, typer.Option("--id", help="The key's name (rotate by adding a new name first).")
+    ] = "k1",
+) -> None:
+    """Print a new random approval key as ID:BASE64, for DURABLY_APPROVAL_KEYS.
+
+    Workers check signed approvals with it; whoever holds it can sign as any
+    approver, so give it to your approval service, not to people.
+    """
+    line = f"{key_id}:{ApprovalKeys.generate_key()}"
+    try:
+        ApprovalKeys.parse(line)  # checks the id
+    except DurablyError as err:
+        err_console.print(_safe(f"error: {err}", style="red"))
+        raise typer.Exit(2) from err
+    print(line)
 
 
 @app.command()
@@ -578,12 +763,12 @@ async def _inbox(as_json: bool, target: str | None, namespace: str | None) -> No
         table.add_column(name, no_wrap=name != "waiting for")
     for i in items:
         table.add_row(
-            Text(i.run_id),
-            Text(i.agent_id or "-"),
+            _safe(i.run_id),
+            _safe(i.agent_id or "-"),
             _status_text(i.status) if i.kind in ("failed", "blocked") else Text(i.kind),
             _time(i.since, "%m-%d %H:%M"),
-            Text(i.waiting_for),
-            Text(i.interaction_id or i.operation or ""),
+            _safe(i.waiting_for),
+            _safe(i.interaction_id or i.operation or ""),
         )
     console.print(table)
 
@@ -638,8 +823,8 @@ def _runs_table(runs: list[RunSummary]) -> Table:
     for r in runs:
         agent = f"{r.agent_id or '-'}@{r.agent_version}" if r.agent_version else r.agent_id
         table.add_row(
-            Text(r.run_id),
-            Text(agent or "-"),
+            _safe(r.run_id),
+            _safe(agent or "-"),
             _status_text(r.status),
             _time(r.started_at, "%m-%d %H:%M"),
             _time(r.closed_at, "%m-%d %H:%M"),
@@ -661,8 +846,8 @@ def runs_show(
 async def _runs_show(run_id: str, as_json: bool, target: str | None, namespace: str | None) -> None:
     run = await _handle(run_id, target, namespace)
     snap = await run.snapshot()
-    if as_json:
-        print(snap.model_dump_json(indent=2))
+    if as_json:  # json.dumps escapes what pydantic leaves raw (C1 and bidi controls)
+        print(json.dumps(snap.model_dump(mode="json"), indent=2))
         return
     console.print(_snapshot_view(snap))
 
@@ -675,7 +860,7 @@ def _snapshot_view(snap: RunSnapshot) -> Group:
 
     def row(name: str, value: str | Text | None) -> None:
         if value:
-            fields.add_row(name, value if isinstance(value, Text) else Text(value))
+            fields.add_row(name, value if isinstance(value, Text) else _safe(value))
 
     row("status", _status_text(snap.status))
     row("agent", f"{snap.agent_id}@{snap.agent_version}" if snap.agent_version else snap.agent_id)
@@ -685,10 +870,10 @@ def _snapshot_view(snap: RunSnapshot) -> Group:
         f"{snap.turns}  ({usage.requests} model request(s), {usage.input_tokens} input / "
         f"{usage.output_tokens} output tokens)",
     )
-    row("now", snap.current)
+    row("now", _safe(snap.current or "", keep_newlines=True))
     outcome = snap.outcome or {}
     if outcome.get("type") == "completed":
-        row("output", str(outcome.get("output") or ""))
+        row("output", _safe(str(outcome.get("output") or ""), keep_newlines=True))
     elif outcome:
         row("waiting for", json.dumps(outcome.get("interaction", outcome), ensure_ascii=False))
     row("blocked", snap.blocked_operation)
@@ -699,8 +884,8 @@ def _snapshot_view(snap: RunSnapshot) -> Group:
     row("next attempt", _time(snap.next_attempt_at) if snap.next_attempt_at else None)
     row("attempt", str(snap.attempt) if snap.attempt else None)
     if snap.error:
-        row("error", Text(snap.error, style="red"))
-    panel = Panel(fields, title=escape(f"run {snap.run_id}"), title_align="left")
+        row("error", _safe(snap.error, keep_newlines=True, style="red"))
+    panel = Panel(fields, title=escape(printable(f"run {snap.run_id}")), title_align="left")
     if not snap.events:
         return Group(panel)
     events = _table(title_justify="left")
@@ -712,8 +897,8 @@ def _snapshot_view(snap: RunSnapshot) -> Group:
         for column in (
             [str(e.seq) for e in snap.events],
             ["00:00:00"],
-            [e.type for e in snap.events],
-            [e.operation or "" for e in snap.events],
+            [printable(e.type) for e in snap.events],
+            [printable(e.operation or "") for e in snap.events],
         )
     )
     room = max(20, console.width - used - 4 * 2)
@@ -721,9 +906,9 @@ def _snapshot_view(snap: RunSnapshot) -> Group:
         events.add_row(
             str(e.seq),
             _time(e.at, "%H:%M:%S"),
-            Text(e.type),
-            Text(e.operation or ""),
-            Text(_clip(e.detail or "", room)),
+            _safe(e.type),
+            _safe(e.operation or ""),
+            Text(_clip(printable(e.detail or "", keep_newlines=True), room)),
         )
     return Group(panel, Text("recent events", style="bold"), events)
 
@@ -747,10 +932,15 @@ def _run(main: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(main)
     except DurablyError as err:
-        err_console.print(Text(f"error: {err}", style="red"))
+        err_console.print(_safe(f"error: {err}", style="red"))
     except RPCError as err:
-        err_console.print(Text(f"error: Temporal refused the request: {err.message}", style="red"))
+        err_console.print(_safe(f"error: Temporal refused the request: {err.message}", style="red"))
     raise typer.Exit(1)
+
+
+def _safe(text: str, *, keep_newlines: bool = False, style: str = "") -> Text:
+    """Text for the terminal, escape sequences and bidi controls shown, never obeyed."""
+    return Text(printable(text, keep_newlines=keep_newlines), style=style)
 
 
 def _stop_on_signals() -> asyncio.Event:

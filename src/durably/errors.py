@@ -7,15 +7,22 @@
     ├── DurableConflictError      the run (or registry) is in a state that refuses the request
     │   └── InteractionConflictError  another response was already accepted for it
     ├── InvalidResponseError      a response or resolution does not fit what the run asked
+    ├── InvalidRunInputError      a run cannot start with this agent id, run id or input
     ├── RunNotFoundError          no run with that id exists in the namespace
     ├── RunFailedError            the run failed; it stays open for `retry()`
     ├── RunCancelledError         the run was cancelled
+    ├── RunClosedError            Temporal closed the run (terminated, timed out)
+    ├── TemporalUnavailableError  the Temporal server (or a worker, for a query) did not answer
     └── DevServerError            the local dev server could not start or serve
 
-Each message says what was wrong and what to do about it.
+Each message says what was wrong and what to do about it. Any other request
+Temporal refuses becomes a plain `DurablyError` naming the operation and
+the server's message: the client never raises the SDK's `RPCError` as is.
 """
 
 from __future__ import annotations
+
+from temporalio.service import RPCError, RPCStatusCode
 
 __all__ = [
     "DevServerError",
@@ -23,11 +30,13 @@ __all__ = [
     "DurablyError",
     "InteractionConflictError",
     "InvalidResponseError",
+    "InvalidRunInputError",
     "RegistrationError",
     "RunCancelledError",
     "RunClosedError",
     "RunFailedError",
     "RunNotFoundError",
+    "TemporalUnavailableError",
 ]
 
 
@@ -49,6 +58,13 @@ class InteractionConflictError(DurableConflictError):
 
 class InvalidResponseError(DurablyError):
     """A response or resolution does not match what the run is waiting for."""
+
+
+class InvalidRunInputError(DurablyError):
+    """`start_run` was given an agent id, run id or input a run cannot start with.
+
+    Nothing was started.
+    """
 
 
 class RunNotFoundError(DurablyError):
@@ -84,6 +100,23 @@ class RunClosedError(DurablyError):
             "or be retried; start a new run to do the work again."
         )
         self.run_id = run_id
+
+
+class TemporalUnavailableError(DurablyError, RPCError):
+    """Temporal did not answer: the server is down or unreachable, or timed out.
+
+    Also an `RPCError` with the server's status code, so code written against
+    the Temporal SDK's own error keeps catching it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: RPCStatusCode = RPCStatusCode.UNAVAILABLE,
+        raw_grpc_status: bytes = b"",
+    ) -> None:
+        RPCError.__init__(self, message, status, raw_grpc_status)
 
 
 class DevServerError(DurablyError):

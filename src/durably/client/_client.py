@@ -19,10 +19,13 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durably._text import md_text, printable
 from durably.client._connect import connect_temporal, with_pydantic
-from durably.client._handle import RunHandle
+from durably.client._handle import RunHandle, temporal_error, too_large
 from durably.contract import (
     DEFAULT_TASK_QUEUE,
+    MAX_NAME_CHARS,
+    MAX_RUN_INPUT_BYTES,
     SA_AGENT,
     SA_AGENT_VERSION,
     SA_STATUS,
@@ -34,9 +37,16 @@ from durably.contract import (
     RunStatus,
     RunSummary,
 )
-from durably.errors import DurableConflictError, DurablyError, RunNotFoundError
+from durably.errors import (
+    DurableConflictError,
+    DurablyError,
+    InvalidRunInputError,
+    RunNotFoundError,
+)
 
 __all__ = ["DurableClient"]
+
+MAX_RUN_ID_CHARS = 1_000  # Temporal's limit on a workflow id
 
 _UNFINISHED = [s.value for s in RunStatus if s.unfinished]
 _FINISHED = [s.value for s in RunStatus if not s.unfinished]
@@ -74,8 +84,14 @@ class DurableClient:
     async def start_run(
         self, agent_id: str, input: str, *, version: str | None = None, run_id: str | None = None
     ) -> RunHandle:
-        """Start a run of `agent_id` (newest registered version unless `version`)."""
-        run_id = run_id or f"{agent_id}-{uuid.uuid4().hex[:12]}"
+        """Start a run of `agent_id` (newest registered version unless `version`).
+
+        Raises `InvalidRunInputError`, with nothing started, for an empty or
+        overlong agent id or run id, one holding control characters, or an
+        input that is not a string of at most `MAX_RUN_INPUT_BYTES` (UTF-8).
+        """
+        _check_start(agent_id, input, version, run_id)
+        run_id = run_id if run_id is not None else f"{agent_id}-{uuid.uuid4().hex[:12]}"
         try:
             await self.temporal.start_workflow(
                 WORKFLOW_TYPE,
@@ -90,7 +106,8 @@ class DurableClient:
                         SearchAttributePair(SA_AGENT, agent_id),
                     ]
                 ),
-                static_summary=f"{agent_id}: {_shorten(input, 120)}",
+                # The Web UI renders the summary as Markdown; the input is anyone's text.
+                static_summary=f"{agent_id}: {md_text(_shorten(input, 120))}",
             )
         except WorkflowAlreadyStartedError as err:
             raise DurableConflictError(
@@ -98,19 +115,28 @@ class DurableClient:
                 "Pick a new run_id, or omit it to get a generated one."
             ) from err
         except RPCError as err:
-            if (
-                err.status == RPCStatusCode.INVALID_ARGUMENT
-                and "search attribute" in str(err).lower()
-            ):
-                raise DurablyError(
-                    "the Temporal namespace lacks durably's search attributes. Register them: "
-                    "`temporal operator search-attribute create --name DurablyStatus "
-                    "--type Keyword --name DurablyAgent --type Keyword "
-                    "--name DurablyAgentVersion --type Keyword` "
-                    f"(server said: {err.message})"
-                ) from err
-            raise
+            raise self._start_error(err, run_id) from err
         return RunHandle(self.temporal, run_id)
+
+    def _start_error(self, err: RPCError, run_id: str) -> DurablyError:
+        """What a refused start means: missing search attributes, an input too large, …"""
+        message = err.message.lower()
+        if err.status == RPCStatusCode.INVALID_ARGUMENT and "search attribute" in message:
+            return DurablyError(
+                "the Temporal namespace lacks durably's search attributes. Register them: "
+                "`temporal operator search-attribute create --name DurablyStatus "
+                "--type Keyword --name DurablyAgent --type Keyword "
+                "--name DurablyAgentVersion --type Keyword` "
+                f"(server said: {err.message})"
+            )
+        if too_large(err):
+            return InvalidRunInputError(
+                f"Temporal refused to start run {run_id!r}: its input is too large once encoded "
+                f"({err.message}; control characters take 6 bytes each in JSON, and Temporal "
+                "refuses payloads over 2 MB). Nothing was started: pass a shorter input, or "
+                "store the data elsewhere and pass a reference to it."
+            )
+        return temporal_error(err, self.temporal, f"the start of run {run_id!r}")
 
     async def get_run(self, run_id: str) -> RunHandle:
         """A handle on an existing run; `RunNotFoundError` if there is none."""
@@ -123,21 +149,25 @@ class DurableClient:
                     f"no run {run_id!r} in namespace {self.temporal.namespace!r}; "
                     "check the id (`durably runs list`)"
                 ) from err
-            raise
+            raise temporal_error(err, self.temporal, f"the lookup of run {run_id!r}") from err
         return RunHandle(self.temporal, run_id)
 
-    async def inbox(self, *, limit: int = 200) -> list[InboxItem]:
+    async def inbox(self, *, limit: int = 200, task_queue: str | None = None) -> list[InboxItem]:
         """Everything that waits for a person, across all runs, oldest first.
 
         Pending approvals and questions, blocked operations, failed runs and
         retry waits: found through visibility, described by each run's
-        snapshot.
+        snapshot. `task_queue` keeps to the runs of one deployment.
         """
         # Running runs are read too, for retry waits, but apart: however many
         # runs are running, they never crowd a parked run out of `limit`.
+        # Only open workflows: a run Temporal closed (terminated, timed out)
+        # keeps its last status attribute but waits for no one.
         parked, running = await asyncio.gather(
-            self.list_runs(status=list(_INBOX), limit=limit),
-            self.list_runs(status=RunStatus.RUNNING, limit=limit),
+            self._list(_query(status=list(_INBOX), task_queue=task_queue, open_only=True), limit),
+            self._list(
+                _query(status=RunStatus.RUNNING, task_queue=task_queue, open_only=True), limit
+            ),
         )
         runs = parked + running
         gate = asyncio.Semaphore(16)
@@ -167,22 +197,95 @@ class DurableClient:
         Visibility trails a run's state by a moment: a run that just changed
         status may still be listed under the old one.
         """
-        clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
-        if task_queue is not None:
-            clauses.append(f"TaskQueue = {_quote(task_queue)}")
-        if isinstance(status, str):
-            clauses.append(f"{SA_STATUS.name} = {_quote(RunStatus(status).value)}")
-        elif status is not None:
-            wanted = ", ".join(_quote(RunStatus(v).value) for v in status)
-            clauses.append(f"{SA_STATUS.name} IN ({wanted})")
-        if agent_id is not None:
-            clauses.append(f"{SA_AGENT.name} = {_quote(agent_id)}")
-        if unfinished is True:
-            clauses.append(f"{SA_STATUS.name} IN ({', '.join(map(_quote, _UNFINISHED))})")
-        elif unfinished is False:
-            clauses.append(f"{SA_STATUS.name} IN ({', '.join(map(_quote, _FINISHED))})")
-        query = " AND ".join(clauses)
-        return [_summary(e) async for e in self.temporal.list_workflows(query, limit=limit)]
+        query = _query(
+            status=status, agent_id=agent_id, unfinished=unfinished, task_queue=task_queue
+        )
+        return await self._list(query, limit)
+
+    async def _list(self, query: str, limit: int | None) -> list[RunSummary]:
+        try:
+            return [_summary(e) async for e in self.temporal.list_workflows(query, limit=limit)]
+        except RPCError as err:
+            raise temporal_error(err, self.temporal, "the list of runs") from err
+
+
+def _query(
+    *,
+    status: RunStatus | str | Sequence[RunStatus | str] | None = None,
+    agent_id: str | None = None,
+    unfinished: bool | None = None,
+    task_queue: str | None = None,
+    open_only: bool = False,
+) -> str:
+    """The visibility query for durably's runs that match every argument given."""
+    clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
+    if open_only:
+        clauses.append("ExecutionStatus = 'Running'")
+    if task_queue is not None:
+        clauses.append(f"TaskQueue = {_quote(task_queue)}")
+    if isinstance(status, str):
+        clauses.append(f"{SA_STATUS.name} = {_quote(RunStatus(status).value)}")
+    elif status is not None:
+        wanted = ", ".join(_quote(RunStatus(v).value) for v in status)
+        clauses.append(f"{SA_STATUS.name} IN ({wanted})")
+    if agent_id is not None:
+        clauses.append(f"{SA_AGENT.name} = {_quote(agent_id)}")
+    if unfinished is True:
+        clauses.append(f"{SA_STATUS.name} IN ({', '.join(map(_quote, _UNFINISHED))})")
+    elif unfinished is False:
+        clauses.append(f"{SA_STATUS.name} IN ({', '.join(map(_quote, _FINISHED))})")
+    return " AND ".join(clauses)
+
+
+def _check_start(agent_id: str, input: str, version: str | None, run_id: str | None) -> None:
+    """Raise `InvalidRunInputError` unless a run can start with these arguments."""
+    _check_id("agent_id", agent_id, MAX_NAME_CHARS, "the `id` of a registered Agent")
+    if version is not None:
+        _check_id("version", version, MAX_NAME_CHARS, "a registered version, or None")
+    if run_id is not None:
+        _check_id("run_id", run_id, MAX_RUN_ID_CHARS, "or None for a generated one")
+    if not isinstance(input, str):
+        raise InvalidRunInputError(
+            f"input must be a str (the user's request); got {type(input).__name__}. "
+            "Nothing was started: pass the text, e.g. json.dumps(data) for structured data."
+        )
+    # Each character is at least one byte: only a short enough string needs encoding.
+    size = len(input) if len(input) > MAX_RUN_INPUT_BYTES else _utf8_size(input)
+    if size > MAX_RUN_INPUT_BYTES:
+        raise InvalidRunInputError(
+            f"input is {size:,} bytes (UTF-8); a run's input holds at most "
+            f"{MAX_RUN_INPUT_BYTES:,} bytes (1 MiB). Nothing was started: pass a shorter input, "
+            "or store the data elsewhere and pass a reference to it."
+        )
+
+
+def _check_id(field: str, value: object, limit: int, hint: str) -> None:
+    if not isinstance(value, str):
+        raise InvalidRunInputError(
+            f"{field} must be a str ({hint}); got {type(value).__name__}. Nothing was started."
+        )
+    problem = None
+    if not value.strip():
+        problem = "is empty" if not value else "is only whitespace"
+    elif len(value) > limit:
+        problem = f"is {len(value):,} characters long, more than {limit:,}"
+    elif printable(value) != value:
+        problem = f"holds control characters ({printable(value)[:200]})"
+    if problem is not None:
+        raise InvalidRunInputError(
+            f"{field} {problem}; it must be 1 to {limit:,} printable characters ({hint}). "
+            "Nothing was started."
+        )
+
+
+def _utf8_size(text: str) -> int:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as err:
+        raise InvalidRunInputError(
+            f"input is not valid Unicode text ({err.reason} at position {err.start}). "
+            "Nothing was started: pass text without lone surrogates."
+        ) from err
 
 
 def _inbox_item(snap: RunSnapshot) -> InboxItem | None:

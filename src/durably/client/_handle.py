@@ -1,4 +1,10 @@
-"""`RunHandle`: what an operator holds to inspect and steer one run."""
+"""`RunHandle`: what an operator holds to inspect and steer one run.
+
+Every failure reaches the caller as a `DurablyError` that says what to do:
+a request Temporal refuses, a server that does not answer, a closed run
+(with how it closed) or a run that does not exist. The SDK's `RPCError` and
+pydantic's `ValidationError` never escape as they are.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +15,24 @@ import json
 from datetime import UTC, timedelta
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import (
     Client,
+    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durably._text import printable
 from durably.contract import (
     ACTIVITY_MODEL,
+    INVALID_RUN_INPUT,
+    MAX_NAME_CHARS,
     SA_STATUS,
     ResolveToolAccepted,
     ResolveToolRequest,
@@ -38,13 +49,15 @@ from durably.errors import (
     DurablyError,
     InteractionConflictError,
     InvalidResponseError,
+    InvalidRunInputError,
     RunCancelledError,
     RunClosedError,
     RunFailedError,
     RunNotFoundError,
+    TemporalUnavailableError,
 )
 
-__all__ = ["RunHandle"]
+__all__ = ["RunHandle", "closed_how", "temporal_error", "too_large"]
 
 _QUERY_TIMEOUT = timedelta(seconds=10)
 # Update rejections carry the durably error's name as the ApplicationError type.
@@ -52,6 +65,20 @@ _REJECTIONS: dict[str, type[DurablyError]] = {
     "DurableConflictError": DurableConflictError,
     "InteractionConflictError": InteractionConflictError,
     "InvalidResponseError": InvalidResponseError,
+}
+# What a request that got no answer ends with: the server is down or
+# unreachable, or the call's deadline passed (the SDK reports its own
+# rpc_timeout as CANCELLED).
+_UNANSWERED = frozenset(
+    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED}
+)
+_CLOSED = {
+    WorkflowExecutionStatus.COMPLETED: "completed",
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+    WorkflowExecutionStatus.TERMINATED: "terminated",
+    WorkflowExecutionStatus.TIMED_OUT: "timed out",
+    WorkflowExecutionStatus.FAILED: "failed (its Temporal workflow failed)",
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: "closed (continued as new, no newer run open)",
 }
 
 
@@ -82,11 +109,19 @@ class RunHandle:
                 snapshot = await self._with_retry_wait(snapshot)
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
-                raise RunNotFoundError(
-                    f"no run {self.run_id!r} in namespace {self._client.namespace!r}; "
-                    "check the id (`durably runs list`)"
+                raise self._not_found() from err
+            if err.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+                # The server was reached; a query is answered by a worker.
+                raise TemporalUnavailableError(
+                    f"no answer to the snapshot query of run {self.run_id!r} within "
+                    f"{_QUERY_TIMEOUT.total_seconds():.0f} s. A worker hosting the run's agent "
+                    "answers queries: check that one is running on the run's task queue "
+                    f"(`durably worker --agents ...`) and that Temporal at "
+                    f"{_address(self._client)} is reachable, then try again.",
+                    status=err.status,
+                    raw_grpc_status=err.raw_grpc_status,
                 ) from err
-            raise
+            raise temporal_error(err, self._client, f"the snapshot of run {self.run_id!r}") from err
         return snapshot
 
     async def _with_retry_wait(self, snapshot: RunSnapshot) -> RunSnapshot:
@@ -127,7 +162,10 @@ class RunHandle:
                 # worker and is not a billable action.
                 with contextlib.suppress(RPCError):
                     described = await self._handle.describe(rpc_timeout=_QUERY_TIMEOUT)
-                    if described.typed_search_attributes.get(SA_STATUS) == RunStatus.FAILED:
+                    # A closed run's end comes from `closed` (a refused input is closed
+                    # as failed, with nothing to retry).
+                    still_open = described.status == WorkflowExecutionStatus.RUNNING
+                    if still_open and described.typed_search_attributes.get(SA_STATUS) == "failed":
                         snap = await self.snapshot()
                         if snap.status == RunStatus.FAILED:
                             raise RunFailedError(self.run_id, snap.error or "unknown error")
@@ -146,7 +184,17 @@ class RunHandle:
                 raise RunClosedError(self.run_id, "terminated") from err
             if isinstance(err.cause, TemporalTimeoutError):
                 raise RunClosedError(self.run_id, "timed out") from err
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == INVALID_RUN_INPUT:
+                raise InvalidRunInputError(
+                    f"run {self.run_id!r} never started: {cause.message}. Start a new run "
+                    "with a valid input."
+                ) from err
             raise RunFailedError(self.run_id, str(err.cause or err)) from err
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise self._not_found() from err
+            raise temporal_error(err, self._client, f"the result of run {self.run_id!r}") from err
         return result
 
     async def respond(
@@ -163,14 +211,27 @@ class RunHandle:
         the same response again is harmless and returns the same acceptance
         (it carries the same update id, so history does not grow); a different
         one raises `InteractionConflictError`; an unknown id, wrong type or
-        mismatched `args_digest` raises `InvalidResponseError`.
+        mismatched `args_digest`, or arguments of the wrong type, raise
+        `InvalidResponseError`.
         """
         if isinstance(response, BaseModel):
             response = response.model_dump(mode="json", exclude_none=True)
-        request = RespondRequest(
-            interaction_id=interaction_id, response=response, responder=responder
+        _check_type("interaction_id", interaction_id, str, "such as 'approval:1:call_7'")
+        _check_type(
+            "response",
+            response,
+            dict,
+            "such as {'type': 'tool-approval', 'approved': True} or a pydantic model",
         )
-        decision = json.dumps(response, sort_keys=True, separators=(",", ":"))
+        _check_type("responder", responder, (str, type(None)), "naming who answered")
+        decision = _canonical_json("response", response)
+        request = _request(
+            RespondRequest,
+            interaction_id=interaction_id,
+            response=response,
+            responder=responder,
+            identity=_identity(self._client),
+        )
         digest = hashlib.sha256(f"{interaction_id}\n{decision}".encode()).hexdigest()[:32]
         update_id = f"respond/{interaction_id[:200]}/{digest}"  # ids: at most 1,000 chars
         accepted: RespondAccepted = await self._update(
@@ -191,7 +252,10 @@ class RunHandle:
         """
         if isinstance(resolution, BaseModel):
             resolution = resolution.model_dump(mode="json")
-        request = ResolveToolRequest(operation=operation, resolution=resolution)
+        _check_type("operation", operation, str, "such as 'tool:2:call_1'")
+        _check_type("resolution", resolution, dict, "such as {'type': 'rerun'}")
+        _canonical_json("resolution", resolution)
+        request = _request(ResolveToolRequest, operation=operation, resolution=resolution)
         accepted: ResolveToolAccepted = await self._update(
             "resolve_tool", request, ResolveToolAccepted
         )
@@ -219,19 +283,156 @@ class RunHandle:
             if isinstance(cause, ApplicationError) and cause.type in _REJECTIONS:
                 raise _REJECTIONS[cause.type](cause.message) from err
             raise DurablyError(f"run {self.run_id!r} rejected {name}: {cause}") from err
+        except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+            raise TemporalUnavailableError(
+                f"Temporal at {_address(self._client)} did not confirm {name} of run "
+                f"{self.run_id!r} in time; it may still be applied. Read the run's snapshot "
+                "to see whether it was before sending it again.",
+                status=RPCStatusCode.DEADLINE_EXCEEDED,
+            ) from err
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
-                raise DurableConflictError(
-                    f"run {self.run_id!r} is closed (completed or cancelled) or does not "
-                    f"exist; {name} needs an open run"
+                raise await self._not_open(name) from err
+            if too_large(err):
+                raise InvalidResponseError(
+                    f"the {name} request is too large for Temporal ({err.message}); "
+                    "send a smaller one"
                 ) from err
-            raise
+            raise temporal_error(err, self._client, f"{name} of run {self.run_id!r}") from err
 
     async def cancel(self) -> None:
-        """Cancel the run: the running tool's `abort_signal` is set, then the run closes."""
+        """Cancel the run: the running tool's `abort_signal` is set, then the run closes.
+
+        Raises `DurableConflictError` if the run is already closed (nothing is
+        cancelled then) and `RunNotFoundError` if there is no such run. Asking
+        again while a cancellation is pending is harmless.
+        """
+        operation = f"cancel of run {self.run_id!r}"
         try:
-            await self._handle.cancel()
+            described = await self._handle.describe(rpc_timeout=_QUERY_TIMEOUT)
+            how = closed_how(described.status)
+            if how is None:
+                await self._handle.cancel(rpc_timeout=_QUERY_TIMEOUT)
+                return
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
-                raise RunNotFoundError(f"no run {self.run_id!r} to cancel") from err
-            raise
+                raise self._not_found() from err
+            raise temporal_error(err, self._client, operation) from err
+        raise DurableConflictError(
+            f"run {self.run_id!r} is already {how}; nothing was cancelled. {_after_close(how)}"
+        )
+
+    async def _not_open(self, operation: str) -> DurablyError:
+        """Why `operation` found no open run: how the run closed, or that there is none."""
+        try:
+            described = await self._handle.describe(rpc_timeout=_QUERY_TIMEOUT)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return self._not_found()
+            return temporal_error(err, self._client, f"{operation} of run {self.run_id!r}")
+        how = closed_how(described.status)
+        if how is None:  # open after all: it continued as new while the request was sent
+            return DurableConflictError(
+                f"run {self.run_id!r} moved on to a new Temporal run while {operation} was "
+                "sent; send it again"
+            )
+        return DurableConflictError(
+            f"run {self.run_id!r} is {how}; {operation} needs an open run, so nothing was "
+            f"changed. {_after_close(how)}"
+        )
+
+    def _not_found(self) -> RunNotFoundError:
+        return RunNotFoundError(
+            f"no run {self.run_id!r} in namespace {self._client.namespace!r}; "
+            "check the id (`durably runs list`)"
+        )
+
+
+def closed_how(status: WorkflowExecutionStatus | None) -> str | None:
+    """How a closed workflow ended, in words; None while it is open."""
+    if status == WorkflowExecutionStatus.RUNNING:
+        return None
+    return _CLOSED.get(status, "closed") if status is not None else "closed"
+
+
+def temporal_error(err: RPCError, client: Client, operation: str) -> DurablyError:
+    """The durably error for an RPC failure that has no more specific meaning.
+
+    No answer at all is `TemporalUnavailableError`; anything else Temporal
+    refused is a `DurablyError` naming `operation` and the server's message.
+    """
+    address = _address(client)
+    if err.status in _UNANSWERED:
+        return TemporalUnavailableError(
+            f"Temporal at {address} did not answer {operation} ({err.status.name}: "
+            f"{err.message}). Check that the server is running and reachable from here "
+            f"(`temporal operator cluster health --address {address}`), then try again.",
+            status=err.status,
+            raw_grpc_status=err.raw_grpc_status,
+        )
+    if err.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED):
+        advice = (
+            f"check the credentials (TLS certificate or API key) and that they grant "
+            f"namespace {client.namespace!r}"
+        )
+    elif err.status == RPCStatusCode.RESOURCE_EXHAUSTED and not too_large(err):
+        advice = "the server is rate-limiting requests; wait a moment and try again"
+    else:
+        advice = "the server's message says why; if it does not, check the server's log"
+    return DurablyError(
+        f"Temporal at {address} refused {operation} ({err.status.name}: {err.message}); {advice}"
+    )
+
+
+def too_large(err: RPCError) -> bool:
+    """Whether Temporal refused a payload (2 MB) or gRPC a message (4 MB) as too large."""
+    message = err.message.lower()
+    return (err.status == RPCStatusCode.INVALID_ARGUMENT and "size exceeds" in message) or (
+        err.status == RPCStatusCode.RESOURCE_EXHAUSTED and "larger than max" in message
+    )
+
+
+def _after_close(how: str) -> str:
+    if how == "completed":
+        return "Its result stays readable (`result()`, `durably runs show`)."
+    return "Start a new run to do the work again."
+
+
+def _identity(client: Client) -> str:
+    """The client's identity as the run records it (self-declared, like `responder`)."""
+    return printable(client.identity)[:MAX_NAME_CHARS]
+
+
+def _address(client: Client) -> str:
+    return client.service_client.config.target_host
+
+
+def _check_type(field: str, value: Any, expected: type | tuple[type, ...], hint: str) -> None:
+    """Raise `InvalidResponseError` naming `field` unless `value` has the expected type."""
+    if not isinstance(value, expected):
+        names = expected if isinstance(expected, tuple) else (expected,)
+        wanted = " or ".join("None" if t is type(None) else t.__name__ for t in names)
+        raise InvalidResponseError(
+            f"{field} must be a {wanted} ({hint}); got {type(value).__name__}"
+        )
+
+
+def _canonical_json(field: str, value: dict[str, Any]) -> str:
+    """`value` as canonical JSON, or `InvalidResponseError` if it is not plain JSON data."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        raise InvalidResponseError(
+            f"{field} must hold only JSON data (strings as keys; strings, numbers, booleans, "
+            f"None, lists and dicts as values): {err}"
+        ) from err
+
+
+def _request(model: type[BaseModel], **fields: Any) -> Any:
+    """`model(**fields)`; a field that does not fit is an `InvalidResponseError` naming it."""
+    try:
+        return model(**fields)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(root)"
+        raise InvalidResponseError(f"{where[:100]}: {first['msg'][:200]}") from err
