@@ -325,16 +325,23 @@ async def chain_histories(client: DurableClient, run_id: str) -> list[WorkflowHi
 def failed_tasks(histories: Sequence[WorkflowHistory]) -> list[str]:
     """Why each workflow task in `histories` failed (none, for a healthy run).
 
-    Left out: the server refusing a completion because a signal arrived while
-    the task ran (`UnhandledCommand`), which Temporal answers with a new task
-    holding that signal; a run continuing as new under a flood of signals
-    sees it, and it is nobody's error.
+    Left out: the server's own ways of handing a worker new signals, which it
+    answers with a new task holding them, and which are nobody's error: it
+    refuses a completion because a signal arrived while the task ran
+    (`UnhandledCommand`: a run continuing as new under a flood sees it), and
+    it closes a task in flight when the signals buffered meanwhile pass its
+    buffer's size (`ForceCloseCommand`: two signals near 2 MB do it).
     """
-    unhandled = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
     return [
         e.workflow_task_failed_event_attributes.failure.message
         for h in histories
         for e in h.events
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-        and e.workflow_task_failed_event_attributes.cause != unhandled
+        and e.workflow_task_failed_event_attributes.cause not in _SERVER_HANDOVERS
     ]
+
+
+_SERVER_HANDOVERS = {
+    WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,
+    WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND,
+}

@@ -32,6 +32,7 @@ from durably import (
     FunctionModel,
     InvalidResponseError,
     ModelRequest,
+    RunCancelledError,
     RunHandle,
     RunStatus,
     ScriptedModel,
@@ -446,6 +447,27 @@ class TestLargeResponses:
         [rejected] = [e for e in snap.events if e.type == "response_rejected"]
         assert "an answer may be at most" in (rejected.detail or "")
         assert failed_tasks([await handle.fetch_history()]) == []
+
+    async def test_a_run_sent_answers_near_the_payload_limit_can_still_be_cancelled(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Each 1.9 MB answer passes Temporal's 2 MB limit and is refused by the run; no
+        workflow task fails, so the cancellation is processed at once."""
+        await runtimes.start([_asker(questions=2)])
+        run = await client.start_run("asker", "go")
+        await wait_for_interaction(run, "question:1:q0")
+        handle = client.temporal.get_workflow_handle(run.run_id)
+        answer = {"type": "question", "answer": "d" * 1_900_000}
+
+        for i in range(3):
+            await handle.signal(
+                "respond_signal", {"interaction_id": f"question:1:q{i % 2}", "response": answer}
+            )
+        await run.cancel()
+
+        with pytest.raises(RunCancelledError):
+            await asyncio.wait_for(run.result(), 30)
+        assert failed_tasks(await chain_histories(client, run.run_id)) == []
 
     async def test_a_large_input_reaches_the_model_once_by_reference(
         self, client: DurableClient, runtimes: Runtimes
