@@ -67,6 +67,7 @@ from durably.contract import (
     MAX_REASON_CHARS,
     MAX_TOKEN_CHARS,
     ApprovalResponse,
+    ErrorResolution,
     JsonResolution,
     Resolution,
     ResolveToolRequest,
@@ -447,8 +448,13 @@ def accepts_resolution(operation: Any, resolution: Any) -> bool:
         r = _RESOLUTION.validate_python(resolution)
     except ValidationError:
         return False
+    if isinstance(r, ErrorResolution):
+        return len(r.message) <= MAX_REASON_CHARS
     if isinstance(r, JsonResolution):
-        return jsonschema.Draft202012Validator(FILED_SCHEMA).is_valid(r.value)
+        size = len(json.dumps(r.value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        return size <= MAX_ANSWER_BYTES and jsonschema.Draft202012Validator(FILED_SCHEMA).is_valid(
+            r.value
+        )
     return True
 
 
@@ -729,6 +735,8 @@ async def test_respond_rejects_every_invalid_response_and_changes_nothing(bench:
                 "respond with",
                 "does not match the call awaiting approval",
                 "already answered",
+                "may be at most",  # an answer, reason or token over its bound
+                "must be at most",  # a responder or identity that is not a short name
             )
         ), message
         assert await bench.recorded_since(run, before_len) == []
@@ -882,7 +890,12 @@ async def test_resolve_tool_rejects_every_invalid_resolution_and_changes_nothing
         assert message and len(message) <= MAX_MESSAGE, f"{len(message)} chars: {message[:300]}"
         assert any(
             phrase in message
-            for phrase in ("is blocked on", "a resolution is", "does not fit the output schema")
+            for phrase in (
+                "is blocked on",
+                "a resolution is",
+                "does not fit the output schema",
+                "may be at most",
+            )
         ), message
         assert await bench.recorded_since(run, before_len) == []
         assert await run.snapshot() == before
@@ -935,7 +948,10 @@ async def test_resolve_tool_commits_any_value_that_fits_the_output_schema(bench:
     await check(
         prop,
         st.builds(lambda v: {"type": "json", "value": v}, FILED_VALUES)
-        | st.builds(lambda m: {"type": "error", "message": m}, st.text(min_size=1) | HUGE),
+        | st.builds(
+            lambda m: {"type": "error", "message": m},
+            st.text(min_size=1) | HUGE.map(lambda h: Huge(h[:MAX_REASON_CHARS])),  # the bound
+        ),
         max_examples=3,
         shrink=False,
     )

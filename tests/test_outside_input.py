@@ -29,6 +29,7 @@ from durably import (
     Agent,
     AgentRegistration,
     DurableClient,
+    DurableConflictError,
     FunctionModel,
     InvalidResponseError,
     ModelRequest,
@@ -38,10 +39,12 @@ from durably import (
     ScriptedModel,
     ToolCall,
     ToolContext,
+    ToolRetry,
     question_tool,
     tool,
 )
-from durably._digests import EMPTY_DIGEST, args_digest, model_digest
+from durably._digests import EMPTY_DIGEST, args_digest, policy_digest
+from durably.activities import TranscriptCache
 from durably.contract import (
     PIN_DIGEST_PREFIX,
     SA_STATUS,
@@ -58,6 +61,7 @@ from .conftest import (
     binary,
     chain_histories,
     cli,
+    eventually,
     failed_tasks,
     record_history,
     wait_for_interaction,
@@ -216,8 +220,17 @@ class TestForgedStartInput:
             ['"pay bob"'],
             ['{"agent_id": "payer", "input": "x"}', '{"agent_id": "payer", "input": "y"}'],
             ['{"agent_id": "payer\\n", "input": "x"}'],
+            # Valid JSON, but nested deeper than the SDK's converter decodes.
+            ['{"agent_id": "payer", "input": "x", "v": ' + "[" * 300 + "]" * 300 + "}"],
         ],
-        ids=["agent-id-not-a-string", "no-agent-id", "bare-string", "two-inputs", "control-char"],
+        ids=[
+            "agent-id-not-a-string",
+            "no-agent-id",
+            "bare-string",
+            "two-inputs",
+            "control-char",
+            "undecodable",
+        ],
     )
     async def test_a_malformed_start_input_fails_the_run_visibly_saying_what_it_must_be(
         self, env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes, inputs: list[str]
@@ -334,7 +347,7 @@ class TestPinnedPolicies:
             )
             return result
 
-        refused = await attempt(model_digest(forged))
+        refused = await attempt(policy_digest(forged))
 
         assert refused.startswith("refused:") and "differs from the one the run started" in refused
         assert ledger.paid == []
@@ -588,6 +601,143 @@ class TestParkedRunsContinueAsNew:
         assert failed_tasks(histories) == []
         await record_history(client, run.run_id, "resolved_after_continuing_while_blocked")
 
+    async def test_an_approved_call_blocked_after_an_interruption_never_runs_again(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """An approved manual call that was interrupted parks the run; continuing as new
+        while parked must resume the park, not ask again or run the call again."""
+        ran: list[str] = []
+
+        @tool(requires_approval=True)
+        async def pay(args: Payment, ctx: ToolContext) -> Paid:
+            """Send money (the bank hangs up mid-request)."""
+            ran.append(ctx.operation_id)
+            raise ConnectionResetError("bank hung up")
+
+        agent = Agent(
+            id="payer",
+            model=ScriptedModel([tool_call("pay", call_id="c1", to="bob", cents=5), _results]),
+            instructions="",
+            tools=[pay],
+        )
+        await runtimes.start([AgentRegistration(agent, version="1", continue_as_new_events=60)])
+        run = await client.start_run("payer", "pay bob")
+        await wait_for_interaction(run, "approval:1:c1")
+        await run.respond("approval:1:c1", APPROVE, responder="alice")
+        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+
+        await _flood(client, run, 70)
+        await _continued(client, run, 2)
+
+        snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        assert snap.attention is not None
+        assert snap.attention.detail["args"] == {"to": "bob", "cents": 5}
+        await run.resolve_tool("tool:1:c1", {"type": "error", "message": "not paid"})
+        result = await asyncio.wait_for(run.result(), 30)
+        assert json.loads(result.output or "") == [[True, "not paid"]]
+        assert len(ran) == 1
+
+    async def test_a_transcript_that_cannot_be_restored_ends_the_run_without_rerunning_a_call(
+        self, client: DurableClient, runtimes: Runtimes, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Parking the restore over the carried state lost what the run was blocked on, and
+        `retry()` then ran the interrupted manual call again."""
+        import durably.activities._agent_activities as activities
+
+        async def gone(workflow_id: str, temporal_run_id: str | None = None) -> Any:
+            raise ApplicationError(
+                "the previous run is gone", type="DurablyTranscriptLost", non_retryable=True
+            )
+
+        monkeypatch.setattr(activities, "_fetch_transcript", gone)
+        ran: list[str] = []
+
+        @tool
+        async def file_ticket(args: Payment, ctx: ToolContext) -> Paid:
+            """File it (the service hangs up)."""
+            ran.append(ctx.operation_id)
+            raise ConnectionResetError("hung up")
+
+        agent = Agent(
+            id="filer",
+            model=ScriptedModel([tool_call("file_ticket", call_id="c1", to="x", cents=1)]),
+            instructions="",
+            tools=[file_ticket],
+        )
+        registration = AgentRegistration(agent, version="1", continue_as_new_events=60)
+        await runtimes.start([registration], cache=TranscriptCache(0))
+        run = await client.start_run("filer", "file it")
+        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+
+        await _flood(client, run, 70)
+        snap = await wait_for_status(run, RunStatus.FAILED)
+
+        assert "could not be restored" in (snap.error or "")
+        with pytest.raises(DurableConflictError, match="retrying cannot fix"):
+            await run.retry()
+        assert len(ran) == 1
+
+    async def test_a_waiting_call_with_large_arguments_is_not_carried_twice(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Its arguments were in the interaction and the outcome: continuing as new with
+        1.1 MB arguments carried 2.2 MB, past the payload limit, and every task failed."""
+        ledger = Ledger()
+        big = ToolCall(id="c1", name="pay", arguments={"to": "b" * 1_100_000, "cents": 5})
+        await runtimes.start([ledger.registration(big, continue_as_new_events=60)])
+        run = await client.start_run("payer", "pay")
+        await wait_for_interaction(run, "approval:1:c1")
+
+        await _flood(client, run, 70)
+        histories = await _continued(client, run, 2)
+
+        async def restored() -> bool:  # the snapshot shows them again once restored
+            outcome = (await run.snapshot()).outcome or {}
+            return bool(outcome.get("interaction", {}).get("args"))
+
+        await eventually(restored)
+        snap = await wait_for_interaction(run, "approval:1:c1")
+        assert snap.outcome is not None
+        assert snap.outcome["interaction"]["args"]["to"] == "b" * 1_100_000
+        continued = histories[0].events[-1].workflow_execution_continued_as_new_event_attributes
+        assert continued.input.ByteSize() < 200_000
+        await run.respond("approval:1:c1", APPROVE)
+        await asyncio.wait_for(run.result(), 30)
+        assert len(ledger.paid) == 1
+        assert failed_tasks(await chain_histories(client, run.run_id)) == []
+
+    async def test_a_run_parked_before_its_pin_carries_its_input_once(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """A run of an agent no worker hosts yet fails at its pin; flooded, it continues as
+        new with its 1 MB input carried once (twice was past the payload limit), and
+        once the agent is registered, `retry()` finishes it with the whole input."""
+        seen: list[int] = []
+
+        def model(request: ModelRequest) -> AssistantMessage:
+            seen.append(len(request.messages[0].content or ""))  # type: ignore[union-attr]
+            return AssistantMessage(content="read it")
+
+        runtime = await runtimes.start([])
+        run = await client.start_run("late", "y" * 1_000_000)
+        await wait_for_status(run, RunStatus.FAILED)
+        handle = client.temporal.get_workflow_handle(run.run_id)
+
+        junk = {"interaction_id": "nope", "response": {"junk": "j" * 1_900_000}}
+        for _ in range(6):  # past the default 10 MiB
+            await handle.signal("respond_signal", junk)
+        histories = await _continued(client, run, 2)
+
+        continued = histories[0].events[-1].workflow_execution_continued_as_new_event_attributes
+        assert continued.input.ByteSize() < 1_300_000
+        agent = Agent(id="late", model=FunctionModel(model, name="late"), instructions="")
+        runtime.register_agents([AgentRegistration(agent, version="1")])
+        await wait_for_status(run, RunStatus.FAILED)
+        await run.retry()
+        await asyncio.wait_for(run.result(), 30)
+        assert seen == [1_000_000]
+        assert failed_tasks(await chain_histories(client, run.run_id)) == []
+
 
 # -- operation ids, signals, queries ---------------------------------------------------
 
@@ -687,6 +837,74 @@ class TestSignalsAndQueries:
         for offset in (-5, 10**6):
             with pytest.raises(Exception, match="offset must be a whole number from 0 to 2"):
                 await handle.query("transcript", offset)
+
+
+class TestResolutions:
+    async def test_a_large_resolution_is_bounded_and_reaches_the_model_by_reference(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """A resolution is the call's result: over the bound it is refused; under it, it
+        reaches the next model request by reference (two 1.1 MB ones made that request
+        too large to schedule)."""
+        seen: list[int] = []
+
+        @tool
+        async def export(args: Payment, ctx: ToolContext) -> str:
+            """Export (the service hangs up)."""
+            raise ConnectionResetError("hung up")
+
+        def model(request: ModelRequest) -> AssistantMessage:
+            results = last_tool_results(request)
+            if not results:
+                return AssistantMessage(
+                    tool_calls=(
+                        ToolCall(id="c1", name="export", arguments={"to": "a", "cents": 1}),
+                    )
+                )
+            seen.append(len(results[0].content))
+            return AssistantMessage(content="done")
+
+        agent = Agent(
+            id="exporter",
+            model=FunctionModel(model, name="exporter"),
+            instructions="",
+            tools=[export],
+        )
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("exporter", "export")
+        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+
+        with pytest.raises(InvalidResponseError, match="a resolution may be at most 524,288"):
+            await run.resolve_tool("tool:1:c1", {"type": "json", "value": "z" * 600_000})
+        with pytest.raises(InvalidResponseError, match="may be at most 4,000"):
+            await run.resolve_tool("tool:1:c1", {"type": "error", "message": "e" * 5_000})
+        await run.resolve_tool("tool:1:c1", {"type": "json", "value": "z" * 400_000})
+
+        await asyncio.wait_for(run.result(), 30)
+        assert seen == [400_000]
+        assert max(await _model_inputs(client, run)) < 4_000
+
+
+def test_the_policy_check_leaves_out_timeouts_and_thresholds_but_not_retries() -> None:
+    """Tuning timeouts or continue-as-new under a version must not park its runs; a
+    change of what a run may do (here: how often a tool is repeated) must."""
+    safe = {"pay": "safe"}
+    base = Ledger().registration(tool_recovery=safe)
+    agent = base.agent
+    tuned = AgentRegistration(
+        agent,
+        version="1",
+        tool_recovery=safe,
+        tool_timeout=timedelta(minutes=3),
+        continue_as_new_events=500,
+    )
+    retried = AgentRegistration(
+        agent, version="1", tool_recovery=safe, tool_retry=ToolRetry(max_attempts=9)
+    )
+
+    assert tuned.pin_digest == base.pin_digest
+    assert retried.pin_digest != base.pin_digest
+    assert retried.fingerprint == base.fingerprint  # the copyable name does not tell
 
 
 class TestActivityResults:

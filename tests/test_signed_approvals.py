@@ -209,6 +209,29 @@ class TestApprovalKeys:
         )
         assert rotated.problem(token, **{**check, "operation_id": "run/other/tool:1:c1"})
 
+    def test_a_token_binds_the_reason_and_a_garbled_token_is_refused_not_raised(self) -> None:
+        interaction = {
+            "id": "approval:1:c1",
+            "type": "tool-approval",
+            "operation": "tool:1:c1",
+            "tool": "pay",
+            "args": {},
+            "args_digest": "d" * 32,
+            "operation_id": "run/first/tool:1:c1",
+        }
+        token = KEYS.sign(interaction, approved=False, approver="alice", reason="over budget")
+        check = {
+            "operation_id": "run/first/tool:1:c1",
+            "interaction_id": "approval:1:c1",
+            "args_digest": "d" * 32,
+            "approved": False,
+            "approver": "alice",
+        }
+
+        assert KEYS.problem(token, **check, reason="over budget") is None
+        assert KEYS.problem(token, **check, reason="fine, pay it twice")  # the model reads it
+        assert "not a durably approval token" in (KEYS.problem("v1.k1.é", **check) or "")
+
     def test_keys_come_from_the_environment_and_never_show_in_repr(self) -> None:
         material = ApprovalKeys.generate_key()
         keys = ApprovalKeys.from_env({"DURABLY_APPROVAL_KEYS": f"k1:{material}"})

@@ -6,7 +6,7 @@
 - The arguments digest names exactly the tool call a person approves.
 - The response digest recognises a repeated response without keeping a
   second copy of its answer.
-- A model digest proves two workers built the same pinned settings.
+- The policy digest proves a run applies the policies its worker registered.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
+from durably.contract import AgentPin
 from durably.messages import Message
 
 __all__ = [
@@ -24,7 +25,7 @@ __all__ = [
     "args_digest",
     "encoded_size",
     "extend_digest",
-    "model_digest",
+    "policy_digest",
     "response_digest",
 ]
 
@@ -58,6 +59,31 @@ def response_digest(
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def model_digest(model: BaseModel) -> str:
-    """A hash of a model's JSON: equal for equal field values, whichever worker built it."""
-    return hashlib.sha256(model.model_dump_json().encode()).hexdigest()[:32]
+def policy_digest(pin: AgentPin) -> str:
+    """A hash of what a pinned registration decides about what a run may do.
+
+    The fingerprint, and what the workflow itself applies from the pin:
+    turns, model retries, and per tool its recovery, retries, approval,
+    question and signed-approval flags and output schema. Timeouts and
+    continue-as-new thresholds are left out (tuning them needs no new
+    version), and the fields are named here, so a field later added to the
+    pin changes no digest of a run in flight.
+    """
+    data = {
+        "fingerprint": pin.fingerprint,
+        "max_turns": pin.max_turns,
+        "model_retry": pin.model_retry.model_dump() if pin.model_retry else None,
+        "tools": {
+            name: {
+                "recovery": t.recovery,
+                "retry": t.retry.model_dump(),
+                "requires_approval": t.requires_approval,
+                "question": t.question,
+                "signed_approval": t.signed_approval,
+                "output_schema": t.output_schema,
+            }
+            for name, t in pin.tools.items()
+        },
+    }
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]

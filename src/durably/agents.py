@@ -17,8 +17,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, get_args
 
-from durably._digests import model_digest
-from durably.contract import AgentPin, Recovery, RetrySpec, ToolPolicy
+from durably._digests import policy_digest
+from durably.contract import (
+    CONTROL_CHARACTERS,
+    MAX_NAME_CHARS,
+    AgentPin,
+    Recovery,
+    RetrySpec,
+    ToolPolicy,
+)
 from durably.errors import RegistrationError
 from durably.messages import ToolSpec
 from durably.models import Model
@@ -44,8 +51,13 @@ class Agent:
     max_turns: int = 20
 
     def __post_init__(self) -> None:
-        if not self.id or not self.id.strip():
+        if not isinstance(self.id, str) or not self.id.strip():
             raise RegistrationError("Agent id must be a non-empty string")
+        if len(self.id) > MAX_NAME_CHARS or CONTROL_CHARACTERS.search(self.id):
+            raise RegistrationError(
+                f"Agent id {self.id[:60]!r} must be at most {MAX_NAME_CHARS} characters with no "
+                "control characters (runs are started by it and it appears in their listing)"
+            )
         if self.max_turns < 1:
             raise RegistrationError(f"agent {self.id!r}: max_turns must be at least 1")
         if not isinstance(self.model, Model):
@@ -125,7 +137,9 @@ class AgentRegistration:
     tool's own `heartbeat_timeout` overrides it. A run continues as new (same
     run id, same snapshot) once its history reaches `continue_as_new_events`
     events or `continue_as_new_bytes` bytes, well before Temporal's limits
-    (51,200 events, 50 MB); these do not change the fingerprint.
+    (51,200 events, 50 MB); these and the timeouts can change under a
+    version. `tool_retry` is not in the fingerprint either, but a run checks
+    it with the rest of its policies: changing it needs a new version.
 
     `approvers` names, per tool that requires approval, who may approve or
     deny its calls: each decision must then carry a token signed by a key
@@ -149,6 +163,11 @@ class AgentRegistration:
         where = f"registration of agent {self.agent.id!r} version {self.version!r}"
         if not isinstance(self.version, str) or not self.version.strip():
             raise RegistrationError(f"agent {self.agent.id!r}: version must be a non-empty string")
+        if len(self.version) > MAX_NAME_CHARS or CONTROL_CHARACTERS.search(self.version):
+            raise RegistrationError(
+                f"agent {self.agent.id!r}: version {self.version[:60]!r} must be at most "
+                f"{MAX_NAME_CHARS} characters with no control characters"
+            )
         unknown = sorted(set(self.tool_recovery) - {t.name for t in self.agent.tools})
         if unknown:
             raise RegistrationError(
@@ -274,11 +293,12 @@ class AgentRegistration:
 
     @functools.cached_property
     def pin_digest(self) -> str:
-        """A hash of everything a run pins (fingerprint, policies, timeouts).
+        """A hash of the policies a run of this registration applies (`policy_digest`).
 
-        Runs send it with every operation (`PIN_PREFIX` + digest) and the
-        worker compares it with its own: a run can only apply the approval
-        flags, recovery, retries and schemas this registration sets, whatever
-        state it was handed. The fingerprint alone is a copyable string.
+        Runs send it with every operation (`PIN_DIGEST_PREFIX` + digest) and
+        the worker compares it with its own: a run can only apply the
+        approval flags, recovery, retries and schemas this registration sets,
+        whatever state it was handed. The fingerprint alone is a copyable
+        string.
         """
-        return model_digest(self.pin())
+        return policy_digest(self.pin())

@@ -11,10 +11,11 @@ registration names who may decide each tool::
 
 and every approval or denial of `pay` must then carry a token: an
 HMAC-SHA256, by a key the worker holds and history never sees, over the
-call's operation id, the interaction id, the arguments' digest, the decision
-and the approver. The worker checks it (a local activity, before the
-decision is recorded) against its keys and the allow-list; a response with
-a missing, wrong or foreign token is rejected like any invalid response.
+call's operation id, the interaction id, the arguments' digest, the
+decision, the approver and the reason (which the model reads). The worker
+checks it (a local activity, before the decision is recorded) against its
+keys and the allow-list; a response with a missing, wrong or foreign token
+is refused like any invalid response.
 
 Whoever holds a key can sign as any approver: give keys to the service that
 authenticates people (your approval UI, behind your SSO), not to people.
@@ -111,7 +112,12 @@ class ApprovalKeys:
         return None
 
     def sign(
-        self, interaction: Interaction | Mapping[str, Any], *, approved: bool, approver: str
+        self,
+        interaction: Interaction | Mapping[str, Any],
+        *,
+        approved: bool,
+        approver: str,
+        reason: str | None = None,
     ) -> str:
         """A token for `approver`'s decision on the pending `interaction` (from the snapshot)."""
         i = Interaction.model_validate(interaction)
@@ -120,10 +126,8 @@ class ApprovalKeys:
                 f"interaction {i.id!r} has no operation_id: its run started before signed "
                 "approvals existed and its approvals cannot be signed"
             )
-        mac = self._mac(
-            self.signing_key_id, i.operation_id, i.id, i.args_digest, approved, approver
-        )
-        return f"{_VERSION}.{self.signing_key_id}.{mac}"
+        decision = (i.operation_id, i.id, i.args_digest, approved, approver, reason)
+        return f"{_VERSION}.{self.signing_key_id}.{self._mac(self.signing_key_id, *decision)}"
 
     def response(
         self,
@@ -139,7 +143,7 @@ class ApprovalKeys:
             "type": "tool-approval",
             "approved": approved,
             "args_digest": i.args_digest,
-            "token": self.sign(i, approved=approved, approver=approver),
+            "token": self.sign(i, approved=approved, approver=approver, reason=reason),
         }
         if reason is not None:
             response["reason"] = reason
@@ -154,6 +158,7 @@ class ApprovalKeys:
         args_digest: str,
         approved: bool,
         approver: str | None,
+        reason: str | None = None,
     ) -> str | None:
         """Why `token` does not prove this decision, or None if it does."""
         if not token:
@@ -162,15 +167,15 @@ class ApprovalKeys:
             return "it names no approver (responder)"
         version, _, rest = token.partition(".")
         kid, _, mac = rest.partition(".")
-        if version != _VERSION or not kid or not mac:
+        if version != _VERSION or not kid or not mac or not token.isascii():
             return "the token is not a durably approval token (v1.<key id>.<mac>)"
         if kid not in self._keys:
             return f"the token was signed with key {kid[:40]!r}, which this worker does not hold"
-        expected = self._mac(kid, operation_id, interaction_id, args_digest, approved, approver)
-        if not hmac.compare_digest(expected, mac):
+        decision = (operation_id, interaction_id, args_digest, approved, approver, reason)
+        if not hmac.compare_digest(self._mac(kid, *decision).encode(), mac.encode()):
             return (
                 "the token does not match this decision (another run, call, arguments, "
-                "decision or approver, or another key)"
+                "decision, approver or reason, or another key)"
             )
         return None
 
@@ -182,9 +187,10 @@ class ApprovalKeys:
         args_digest: str,
         approved: bool,
         approver: str,
+        reason: str | None,
     ) -> str:
         message = json.dumps(
-            [_VERSION, operation_id, interaction_id, args_digest, approved, approver],
+            [_VERSION, operation_id, interaction_id, args_digest, approved, approver, reason],
             ensure_ascii=False,
             separators=(",", ":"),
         ).encode("utf-8", "surrogatepass")

@@ -715,7 +715,12 @@ def _signed(call: dict[str, Any], response: dict[str, Any], responder: str) -> s
             f"here: set {ENV_KEYS} (or {ENV_KEYS_FILE}) to a key the workers hold, or decide "
             "through the service that signs approvals for you"
         )
-    return keys.sign(call, approved=bool(response["approved"]), approver=responder)
+    return keys.sign(
+        call,
+        approved=bool(response["approved"]),
+        approver=responder,
+        reason=response.get("reason"),
+    )
 
 
 @app.command("approval-key")

@@ -7,6 +7,7 @@ a default; renaming or removing one breaks the replay of existing runs.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -22,6 +23,7 @@ __all__ = [
     "ACTIVITY_RESTORE",
     "ACTIVITY_TOOL",
     "ACTIVITY_VERIFY_APPROVAL",
+    "CONTROL_CHARACTERS",
     "DEFAULT_TASK_QUEUE",
     "INVALID_RUN_INPUT",
     "MAX_ANSWER_BYTES",
@@ -99,6 +101,8 @@ MAX_ANSWER_BYTES = 512 * 2**10  # a question's answer, UTF-8: a person's text, n
 MAX_REASON_CHARS = 4_000  # a denial's reason, read by the model
 MAX_NAME_CHARS = 200  # a responder or client identity; an agent id
 MAX_TOKEN_CHARS = 200  # a signed approval token
+# C0 and C1 controls and DEL: never part of a name, an id or an identity.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 # Custom search attributes (Keyword) every run keeps current; the dev server
 # and any cluster running durably must have them registered.
@@ -259,6 +263,7 @@ class VerifyApprovalRequest(_Model):
     approved: bool
     approver: str | None
     token: str | None
+    reason: str | None = None
 
 
 class TranscriptPage(_Model):

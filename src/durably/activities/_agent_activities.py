@@ -1,10 +1,10 @@
 """The activities every run uses, dispatching through the live registry.
 
 Their names are fixed (`durably.pin_agent`, `durably.model_request`,
-`durably.tool_call`, and `durably.restore_transcript` after a
-continue-as-new), so histories never depend on a user's function names and
-agents can be registered while the worker runs. User code (models and
-tools) runs only here.
+`durably.tool_call`, `durably.restore_transcript` after a continue-as-new,
+and `durably.verify_approval` for signed approvals), so histories never
+depend on a user's function names and agents can be registered while the
+worker runs. User code (models and tools) runs only here.
 """
 
 from __future__ import annotations
@@ -413,10 +413,10 @@ class AgentActivities:
                 "set DURABLY_APPROVAL_KEYS (or pass approval_keys=) on every worker, then "
                 "respond again"
             )
-        if request.approver not in allowed:
+        if request.approver not in allowed:  # the list itself is not told to callers
             return (
-                f"{request.approver!r} may not decide on tool {request.tool!r} "
-                f"(its approvers: {', '.join(allowed)})"
+                f"{request.approver!r} may not decide on tool {request.tool!r}: not among its "
+                "approvers on this worker's registration"
             )
         problem = self.approval_keys.problem(
             request.token,
@@ -425,6 +425,7 @@ class AgentActivities:
             args_digest=request.args_digest,
             approved=request.approved,
             approver=request.approver,
+            reason=request.reason,
         )
         return problem or ""
 

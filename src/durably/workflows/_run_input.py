@@ -3,11 +3,12 @@
 The failures this prevents:
 
 - A malformed input (``{"agent_id": 5}``, a missing field, a bare string,
-  two inputs) failed every workflow task with "Failed decoding arguments",
-  retried forever, with no status published: a run invisible to
-  `durably runs list` and the inbox. Here the raw payload is read and
-  checked, and a problem ends the run `failed` with a message saying what
-  the input must be.
+  two inputs, JSON nested past what pydantic decodes) failed every workflow
+  task with "Failed decoding arguments", retried forever, with no status
+  published: a run invisible to `durably runs list` and the inbox. Here the
+  raw payload is decoded and checked by the run (`one_raw_argument`), and a
+  problem ends the run `failed` with a message saying what the input must
+  be.
 - `carried` exists for continue-as-new, but any starter could set it: a
   forged `answered` entry pre-approved a call, a forged pin turned off
   approvals and made a manual tool `safe`. It is honoured only when
@@ -19,9 +20,12 @@ The failures this prevents:
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar, get_type_hints
 
 from temporalio import workflow
+from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -29,10 +33,53 @@ with workflow.unsafe.imports_passed_through():
     from durably.contract import MAX_NAME_CHARS, MAX_RUN_INPUT_BYTES, RunInput
     from durably.workflows._validation import CONTROL, short
 
-__all__ = ["EXPECTED", "read_run_input"]
+__all__ = ["EXPECTED", "decode_arguments", "one_raw_argument", "read_run_input"]
 
 EXPECTED = '{"agent_id": "...", "input": "...", "version": null}'
-_MAX_VERSION_CHARS = 100
+_MAX_VERSION_CHARS = MAX_NAME_CHARS
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_raw_argument(fn: F) -> F:
+    """Have the SDK hand the workflow its one start argument undecoded (a `RawValue`).
+
+    The SDK decodes start arguments by the run method's signature before any
+    workflow code runs; a payload it cannot decode fails every workflow task.
+    Declared as taking one `RawValue`, the payload arrives as it was sent and
+    `decode_arguments` reads it. The function itself takes `*payload`: a
+    start with no argument or with several still reaches it (the SDK decodes
+    those as plain JSON, since the count does not match the declaration).
+    `__init__` and `run` must be declared alike (the SDK compares them).
+    """
+    returns = get_type_hints(fn).get("return")
+    fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            inspect.Parameter(
+                "payload", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=RawValue
+            ),
+        ],
+        return_annotation=returns,
+    )
+    fn.__annotations__ = {"payload": RawValue, "return": returns}
+    return fn
+
+
+def decode_arguments(payload: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
+    """The start arguments decoded, or what made one undecodable."""
+    values: list[Any] = []
+    for value in payload:
+        if isinstance(value, RawValue):
+            try:
+                value = workflow.payload_converter().from_payload(value.payload)
+            except Exception as err:
+                encoding = value.payload.metadata.get("encoding", b"").decode(errors="replace")
+                return (), (
+                    f"the input could not be decoded (encoding {short(encoding, 60)}: "
+                    f"{short(str(err), 200)}); start a run with the JSON object {EXPECTED}"
+                )
+        values.append(value)
+    return tuple(values), None
 
 
 def read_run_input(

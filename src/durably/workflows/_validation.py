@@ -9,7 +9,7 @@ client raises (`DurableConflictError`, `InteractionConflictError`,
 
 from __future__ import annotations
 
-import re
+import json
 from typing import Any
 
 from temporalio import workflow
@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
 
     from durably._digests import response_digest
     from durably.contract import (
+        CONTROL_CHARACTERS,
         MAX_ANSWER_BYTES,
         MAX_NAME_CHARS,
         MAX_REASON_CHARS,
@@ -55,8 +56,7 @@ _RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = T
     Resolution
 )
 _RESPONSE: TypeAdapter[ApprovalResponse | QuestionResponse] = TypeAdapter(Response)
-# C0 and C1 controls and DEL: never part of a name, an id or an identity.
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL = CONTROL_CHARACTERS
 
 
 def short(value: Any, limit: int = 200) -> str:
@@ -91,9 +91,9 @@ def rejection(kind: str, message: str) -> ApplicationError:
 
 
 def check_resolution(
-    run_id: str, s: RunState, request: ResolveToolRequest
+    run_id: str, s: RunState, request: ResolveToolRequest, *, strict: bool
 ) -> JsonResolution | ErrorResolution | RerunResolution:
-    """The resolution, if the run accepts it now."""
+    """The resolution, if the run accepts it now (`strict`: bounded, as responses are)."""
     if s.status != RunStatus.NEEDS_ATTENTION or s.blocked_operation is None:
         raise rejection(
             "DurableConflictError",
@@ -122,6 +122,8 @@ def check_resolution(
             "{'type': 'error', 'message': '...'} or {'type': 'rerun'}; "
             f"got {short(request.resolution)} ({_first_error(err)})",
         ) from None
+    if strict:
+        _check_resolution_size(resolution)
     tool = s.attention.detail.get("tool")
     if isinstance(resolution, JsonResolution) and s.pin is not None and tool in s.pin.tools:
         # The attention names the tool: the transcript may still be restoring.
@@ -132,6 +134,26 @@ def check_resolution(
                 f"the value does not fit the output schema of tool {tool!r}: {problem}",
             )
     return resolution
+
+
+def _check_resolution_size(resolution: JsonResolution | ErrorResolution | RerunResolution) -> None:
+    """A resolution becomes the call's result, read by the model: bounded like an answer."""
+    if isinstance(resolution, ErrorResolution) and len(resolution.message) > MAX_REASON_CHARS:
+        raise rejection(
+            "InvalidResponseError",
+            f"the error message is {len(resolution.message):,} characters; it may be at most "
+            f"{MAX_REASON_CHARS:,}: say briefly what happened, the model reads it",
+        )
+    if isinstance(resolution, JsonResolution):
+        size = len(
+            json.dumps(resolution.value, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        )
+        if size > MAX_ANSWER_BYTES:
+            raise rejection(
+                "InvalidResponseError",
+                f"the value is {size:,} bytes of JSON; a resolution may be at most "
+                f"{MAX_ANSWER_BYTES:,} (what the tool returns to the model, not a document)",
+            )
 
 
 def check_retry(run_id: str, s: RunState) -> None:

@@ -5,14 +5,21 @@ Handlers:
     update ``respond(RespondRequest)`` -> RespondAccepted: approve/deny a tool call
         or answer a question; the same response again returns the same acceptance.
     signal ``respond_signal(RespondRequest)``: the same, for callers that can only
-        signal; a rejected response becomes a ``response_rejected`` event.
-    query ``transcript(offset)`` -> TranscriptPage: for workers whose cache missed.
+        signal; a rejected response becomes a ``response_rejected`` event. Served by
+        the dynamic signal handler, which sees raw payloads (and other names, which
+        become ``signal_rejected`` events).
+    query ``transcript(offset, limit=None)`` -> TranscriptPage: for workers whose
+        cache missed.
     update ``resolve_tool(ResolveToolRequest)`` -> ResolveToolAccepted: supply the
         real outcome of an interrupted manual tool call (json / error / rerun).
     update ``retry(RetryRequest)`` -> RetryAccepted: run the failed operation again.
 
 Validators only raise, and reject before anything reaches history; an
-accepted update is applied in the same workflow task as the continuation.
+accepted update is applied in the same workflow task as the continuation
+(a signed approval first waits for the worker's check, a local activity).
+Every input is an outside caller's (SPEC section 20): the start input is read
+by `_run_input`, responses are bounded by `_validation`, and nothing a caller
+sends is stored a second time.
 
 Deterministic orchestration only: every model request and tool call is an
 activity (`durably.model_request`, `durably.tool_call`) keyed by a
@@ -71,7 +78,7 @@ with workflow.unsafe.imports_passed_through():
         args_digest,
         encoded_size,
         extend_digest,
-        model_digest,
+        policy_digest,
     )
     from durably._text import md_code, md_text
     from durably._transcript_pages import transcript_page
@@ -82,6 +89,7 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_TOOL,
         ACTIVITY_VERIFY_APPROVAL,
         INVALID_RUN_INPUT,
+        MAX_NAME_CHARS,
         PIN_DIGEST_PREFIX,
         RESPOND_SIGNAL,
         SA_AGENT,
@@ -134,7 +142,11 @@ with workflow.unsafe.imports_passed_through():
         failed_details,
         waiting_details,
     )
-    from durably.workflows._run_input import read_run_input
+    from durably.workflows._run_input import (
+        decode_arguments,
+        one_raw_argument,
+        read_run_input,
+    )
     from durably.workflows._validation import (
         CONTROL,
         check_resolution,
@@ -184,6 +196,10 @@ _MAX_CARRIED_TRANSCRIPT = 32 * 2**20
 _ANSWERS_CARRIED = 100
 _ANSWERS_CARRIED_BYTES = 256 * 2**10
 _DELTA_CARRIED = 64 * 2**10
+# What continue-as-new may carry in all (one payload; Temporal refuses 2 MiB),
+# and how long an operation's error message stays in state.
+_MAX_CARRIED_STATE = 1536 * 2**10
+_ERROR_KEPT = 2_000
 # Text from outside (the run's input, an answer) larger than this reaches the
 # model activity by reference, not as a second copy in its input.
 _INLINE_LIMIT = 8 * 2**10
@@ -198,18 +214,23 @@ class AgentRunWorkflow:
     """One durable agent run (see the module docstring for handlers)."""
 
     @workflow.init
+    @one_raw_argument
     def __init__(self, *payload: Any) -> None:
         info = workflow.info()
         # First, before any command: every later decision depends on it.
         self._hardened = workflow.patched(PATCH_HARDENED)
-        self._input_problem: str | None = None
+        values, self._input_problem = decode_arguments(payload)
+        input: RunInput | None = None
         if self._hardened:
-            input, self._input_problem = read_run_input(payload, info)
+            if self._input_problem is None:
+                input, self._input_problem = read_run_input(values, info)
+        elif self._input_problem is not None:  # 0.1.0 failed the task on it
+            raise RuntimeError(self._input_problem)
         else:  # 0.1.0 trusted its input; its histories replay as they ran
-            input = RunInput.model_validate(payload[0])
+            input = RunInput.model_validate(values[0])
         if input is None or self._input_problem is not None:
             self._s = RunState(
-                agent_id=_agent_id_of(payload),
+                agent_id=_agent_id_of(values),
                 input="",
                 digest=EMPTY_DIGEST,
                 status=RunStatus.FAILED,
@@ -250,6 +271,7 @@ class AgentRunWorkflow:
         self._pin_digest: str | None = None
 
     @workflow.run
+    @one_raw_argument
     async def run(self, *payload: Any) -> RunResult:
         s = self._s
         if self._input_problem is not None:
@@ -299,6 +321,8 @@ class AgentRunWorkflow:
                     f"{len(calls)} tool call(s)" if calls else "final answer",
                 )
                 if not calls:
+                    if self._hardened:  # a response still being checked gets its answer
+                        await workflow.wait_condition(workflow.all_handlers_finished)
                     return self._complete(answer.message.content)
         except asyncio.CancelledError:
             s.status = RunStatus.CANCELLED
@@ -343,7 +367,8 @@ class AgentRunWorkflow:
             self._event("tool_rejected", key, rejected)
             return
         policy = pin.tools[call.name]
-        if policy.requires_approval or policy.question:
+        # Parked on this call (continued as new while blocked): it was approved already.
+        if (policy.requires_approval or policy.question) and not self._parked_on(key):
             answered = await self._interact(turn, key, call, policy)
             if answered is not None:  # denied, answered, or timed out
                 iid = _interaction_id(turn, call, policy)
@@ -353,7 +378,10 @@ class AgentRunWorkflow:
             key, partial(self._tool, key, call), resolve=partial(_resolved, call)
         )
         result = outcome.message
-        self._append(result, ref=key if outcome.from_activity else None)
+        ref = (
+            key if outcome.from_activity else self._outside_ref(f"resolution:{key}", result.content)
+        )
+        self._append(result, ref=ref)
         self._event(outcome.event, key, result.content[:200] if result.is_error else call.name)
 
     def _outside_ref(self, ref: str, text: str) -> str | None:
@@ -398,26 +426,33 @@ class AgentRunWorkflow:
         )
 
     async def _continue_as_new(self) -> None:
-        """Continue as new (this never returns), unless the transcript is too large to carry."""
+        """Continue as new (this never returns), unless what it carries is too large."""
         await workflow.wait_condition(workflow.all_handlers_finished)
-        too_large = self._too_large_to_carry()
-        if too_large is not None:
+        carried, problem = self._carried()
+        if carried is None:
             self._cannot_continue = True
-            await self._park(RunStatus.FAILED, error=too_large, retryable=False)
+            await self._park(RunStatus.FAILED, error=problem or "", retryable=False)
             return
-        self._continue_now()
+        workflow.continue_as_new(carried)
 
-    def _too_large_to_carry(self) -> str | None:
-        size = sum(encoded_size(m) for m in self._s.transcript)
-        return _transcript_too_large(size) if size > _MAX_CARRIED_TRANSCRIPT else None
-
-    def _continue_now(self) -> NoReturn:
+    def _carried(self) -> tuple[RunInput | None, str | None]:
+        """What continuing as new carries, or None and why it cannot."""
         s = self._s
+        size = sum(encoded_size(m) for m in s.transcript)
+        if size > _MAX_CARRIED_TRANSCRIPT:
+            return None, _transcript_too_large(size)
         # The input travels once: in the transcript once the run has pinned.
         text = s.input if not self._hardened or s.pin is None else ""
-        workflow.continue_as_new(
-            RunInput(agent_id=s.agent_id, input=text, carried=self._archived())
-        )
+        carried = RunInput(agent_id=s.agent_id, input=text, carried=self._archived())
+        if self._hardened:
+            size = len(carried.model_dump_json())  # once per continue-as-new
+            if size > _MAX_CARRIED_STATE:
+                return None, (
+                    f"the state this run would carry past continue-as-new is {size:,} bytes, "
+                    f"more than one payload may hold ({_MAX_CARRIED_STATE:,}); this is a bug "
+                    "in durably, please report it, and cancel the run"
+                )
+        return carried, None
 
     async def _wait(
         self, done: Callable[[], bool], *, until: datetime | None = None, summary: str | None = None
@@ -449,10 +484,12 @@ class AgentRunWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             if done():
                 return True
-            if self._too_large_to_carry() is not None:
+            carried, problem = self._carried()
+            if carried is None:  # keep waiting here, saying why
                 self._cannot_continue = True
+                self._event("continue_as_new_refused", detail=problem)
                 continue
-            self._continue_now()
+            workflow.continue_as_new(carried)
 
     def _archived(self) -> RunState:
         """The state to continue as new with, of a bounded size however long the run.
@@ -461,8 +498,23 @@ class AgentRunWorkflow:
         once; only the latest answers are carried.
         """
         s = self._s
+        # Nothing large carried twice: a waiting or blocked call's large arguments are
+        # taken from the transcript again after the restore (the snapshot shows them
+        # empty until then).
+        lean: dict[str, Any] = {
+            "answered": _latest_answers(s.answered),
+            "outcome": None,
+            "call_errors": {
+                c.id: s.call_errors[c.id] for c in self._unfinished_calls() if c.id in s.call_errors
+            },
+        }
+        if s.interaction is not None and _large(s.interaction.args):
+            lean["interaction"] = s.interaction.model_copy(update={"args": {}, "question": None})
+        if s.attention is not None and _large(s.attention.detail.get("args")):
+            detail = {k: v for k, v in s.attention.detail.items() if k != "args"}
+            lean["attention"] = s.attention.model_copy(update={"detail": detail})
         if not s.transcript:  # nothing to restore (parked before the pin)
-            return s.model_copy(update={"answered": _latest_answers(s.answered)})
+            return s.model_copy(update={**lean, "input": ""})
         base_length, new = s.sent_length, self._unsent()
         if sum(encoded_size(m) for m in new if not isinstance(m, MessageRef)) > _DELTA_CARRIED:
             # Long answers since the last request: restore by query, not from a cache.
@@ -482,7 +534,7 @@ class AgentRunWorkflow:
                 "archive": archive,
                 "sent_length": len(s.transcript),
                 "refs": {},
-                "answered": _latest_answers(s.answered),
+                **lean,
             }
         )
 
@@ -496,15 +548,44 @@ class AgentRunWorkflow:
             )
         while len(s.transcript) < archive.length:
             offset = len(s.transcript)
-            page = await self._operation(
-                f"restore:{offset}", partial(self._restore_page, archive, offset)
-            )
+            restore = partial(self._restore_page, archive, offset)
+            if self._hardened:
+                page = await self._restore_or_end(f"restore:{offset}", restore)
+            else:
+                page = await self._operation(f"restore:{offset}", restore)
             s.transcript.extend(page.messages[: archive.length - offset])
         s.archive = None
         self._event("transcript_restored", detail=f"{archive.length} messages")
         info = workflow.info()
         self._base_events = info.get_current_history_length()
         self._base_bytes = info.get_current_history_size()
+
+    async def _restore_or_end(
+        self, key: str, restore: Callable[[], Awaitable[TranscriptPage]]
+    ) -> TranscriptPage:
+        """A page of the transcript, retried until it comes (it has no side effect).
+
+        It never parks the run the usual way: the state a run carries may
+        itself be parked or waiting, and a restore parked over it would lose
+        what it waits for (and `retry()` would then run a blocked manual call
+        again). Only a page that can never come (the previous run is gone)
+        ends the run's useful life: it fails, not retryable, until cancelled.
+        """
+        try:
+            return await restore()
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise asyncio.CancelledError() from err
+            s = self._s
+            s.interaction = None
+            s.outcome = None
+            s.blocked_operation = None
+            s.attention = None
+            error = f"the transcript could not be restored: {_describe(err)}"
+            await self._park(RunStatus.FAILED, error=error, key=key, retryable=False)
+            raise AssertionError(
+                "a run that cannot restore its transcript is never retried"
+            ) from err
 
     # -- queries ----------------------------------------------------------------
 
@@ -516,7 +597,7 @@ class AgentRunWorkflow:
             agent_id=s.agent_id,
             agent_version=s.pin.version if s.pin else None,
             status=s.status,
-            outcome=s.outcome,
+            outcome=s.outcome or self._waiting_outcome(),
             blocked_operation=s.blocked_operation,
             attention=s.attention,
             turns=s.turns,
@@ -525,6 +606,12 @@ class AgentRunWorkflow:
             error=s.error,
             current=workflow.get_current_details() or None,
         )
+
+    def _waiting_outcome(self) -> dict[str, Any] | None:
+        s = self._s
+        if s.status != RunStatus.WAITING or s.interaction is None:
+            return None
+        return {"type": "interaction", "interaction": s.interaction.model_dump(mode="json")}
 
     @workflow.query
     def transcript(self, offset: int, limit: int | None = None) -> TranscriptPage:
@@ -635,6 +722,7 @@ class AgentRunWorkflow:
                 approved=response.approved,
                 approver=request.responder,
                 token=response.token,
+                reason=response.reason,
             ),
             result_type=str,
             start_to_close_timeout=timedelta(seconds=10),
@@ -665,7 +753,7 @@ class AgentRunWorkflow:
     @workflow.update(name="resolve_tool")
     def resolve_tool(self, *payload: Any) -> ResolveToolAccepted:
         request = parse_request(ResolveToolRequest, payload, "resolve_tool")
-        resolution = check_resolution(self._run_id, self._s, request)
+        resolution = check_resolution(self._run_id, self._s, request, strict=self._hardened)
         self._decision = resolution
         return ResolveToolAccepted(operation=request.operation, type=resolution.type)
 
@@ -679,7 +767,7 @@ class AgentRunWorkflow:
         """The validator's check, plus: no decision is already on its way (updates that
         arrive in one workflow task are validated before the run leaves needs_attention).
         Only the validator checks this, so replaying older histories is unaffected."""
-        resolution = check_resolution(self._run_id, self._s, request)
+        resolution = check_resolution(self._run_id, self._s, request, strict=self._hardened)
         if self._decision is not None:
             decided = self._decision if isinstance(self._decision, str) else self._decision.type
             raise rejection(
@@ -716,7 +804,12 @@ class AgentRunWorkflow:
         iid = _interaction_id(turn, call, policy)
         timeout = policy.approval_timeout_s
         if s.interaction is not None and s.interaction.id == iid:
-            interaction = s.interaction  # resumed after continuing as new while waiting
+            # Resumed after continuing as new while waiting; the arguments were left
+            # in the transcript, not carried.
+            interaction = s.interaction.model_copy(
+                update={"args": call.arguments, "question": _question(call, policy)}
+            )
+            s.interaction = interaction
         else:
             interaction = Interaction(
                 id=iid,
@@ -725,7 +818,7 @@ class AgentRunWorkflow:
                 tool=call.name,
                 args=call.arguments,
                 args_digest=args_digest(call.arguments),
-                question=str(call.arguments.get("question", "")) if policy.question else None,
+                question=_question(call, policy),
             )
             if self._hardened:
                 interaction.operation_id = self._operation_id(key)
@@ -734,7 +827,11 @@ class AgentRunWorkflow:
                     interaction.expires_at = workflow.now() + timedelta(seconds=timeout)
             s.status = RunStatus.WAITING
             s.interaction = interaction
-            s.outcome = {"type": "interaction", "interaction": interaction.model_dump(mode="json")}
+            if not self._hardened:  # later runs derive it in the snapshot: one copy of the args
+                s.outcome = {
+                    "type": "interaction",
+                    "interaction": interaction.model_dump(mode="json"),
+                }
             self._event("waiting", key, f"{kind} {interaction.id}")
             self._publish()
         workflow.set_current_details(waiting_details(self._run_id, interaction))
@@ -773,12 +870,12 @@ class AgentRunWorkflow:
 
     def _pin_check(self) -> str:
         """What activities compare with their registration: the fingerprint (0.1.0), or
-        a digest of the whole pin the run applies (its policies, not just a copyable name)."""
+        a digest of the policies the run applies (not just a copyable name)."""
         pin = _require(self._s.pin)
         if not self._hardened:
             return pin.fingerprint
         if self._pin_digest is None:
-            self._pin_digest = PIN_DIGEST_PREFIX + model_digest(pin)
+            self._pin_digest = PIN_DIGEST_PREFIX + policy_digest(pin)
         return self._pin_digest
 
     async def _pin(self) -> AgentPin:
@@ -845,7 +942,11 @@ class AgentRunWorkflow:
             result_type=TranscriptPage,
             start_to_close_timeout=timedelta(minutes=10),
             heartbeat_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=10),
+            retry_policy=(
+                RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(minutes=1))
+                if self._hardened
+                else RetryPolicy(maximum_attempts=10)
+            ),
             activity_id=f"restore:{offset}",
             summary=f"restore transcript from message {offset}",
         )
@@ -988,6 +1089,14 @@ class AgentRunWorkflow:
         self, key: str | None
     ) -> JsonResolution | ErrorResolution | RerunResolution | str:
         s = self._s
+        attention = s.attention
+        # A blocked call's arguments are not carried past continue-as-new.
+        interrupted = attention is not None and attention.reason == "tool_interrupted"
+        if attention and interrupted and key and "args" not in attention.detail:
+            args = find_call(s, key).arguments
+            s.attention = attention.model_copy(
+                update={"detail": {**attention.detail, "args": args}}
+            )
         self._show_what_it_waits_for()
         await self._wait(lambda: self._decision is not None)
         self._pin_clock = None
@@ -1116,7 +1225,11 @@ def _agent_id_of(payload: tuple[Any, ...]) -> str:
     """The agent a refused input names, if it names one plainly (for the run's listing)."""
     raw = payload[0] if len(payload) == 1 and isinstance(payload[0], dict) else {}
     agent_id = raw.get("agent_id")
-    if isinstance(agent_id, str) and 0 < len(agent_id) <= 200 and not CONTROL.search(agent_id):
+    if (
+        isinstance(agent_id, str)
+        and 0 < len(agent_id) <= MAX_NAME_CHARS
+        and not CONTROL.search(agent_id)
+    ):
         return agent_id
     return ""
 
@@ -1170,12 +1283,23 @@ def _cause(err: FailureError) -> BaseException | None:
 
 
 def _describe(err: FailureError) -> str:
+    """An operation's failure in words, bounded: it is kept in state and carried."""
     cause = _cause(err)
     if isinstance(cause, ActivityTimeoutError):
         return f"activity timed out ({cause.type.name if cause.type else 'unknown'})"
-    if cause is not None:
-        return str(cause.message if hasattr(cause, "message") else cause)
-    return str(err)
+    text = str(cause.message if hasattr(cause, "message") else cause) if cause else str(err)
+    if len(text) > _ERROR_KEPT:
+        text = f"{text[:_ERROR_KEPT]}... ({len(text)} characters)"
+    return text
+
+
+def _large(value: Any) -> bool:
+    """Too large to carry past continue-as-new beside the transcript that holds it too."""
+    return value is not None and len(render_result(value)) > _INLINE_LIMIT
+
+
+def _question(call: ToolCall, policy: ToolPolicy) -> str | None:
+    return str(call.arguments.get("question", "")) if policy.question else None
 
 
 def _latest_answers(answered: dict[str, RespondAccepted]) -> dict[str, RespondAccepted]:
