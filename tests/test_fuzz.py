@@ -947,7 +947,9 @@ async def test_resolve_tool_commits_any_value_that_fits_the_output_schema(bench:
 
     await check(
         prop,
-        st.builds(lambda v: {"type": "json", "value": v}, FILED_VALUES)
+        st.builds(lambda v: {"type": "json", "value": v}, FILED_VALUES).filter(
+            lambda r: accepts_resolution(BLOCKED_OP, r)  # within the bound, as JSON
+        )
         | st.builds(
             lambda m: {"type": "error", "message": m},
             st.text(min_size=1) | HUGE.map(lambda h: Huge(h[:MAX_REASON_CHARS])),  # the bound

@@ -575,19 +575,22 @@ InteractionId = Annotated[
 ]
 
 
+Digest = Annotated[
+    str | None,
+    typer.Option(
+        "--digest",
+        help="The args_digest you reviewed; refused if the call's arguments differ.",
+        show_default=False,
+    ),
+]
+
+
 @app.command()
 def approve(
     run_id: RunId,
     responder: Responder,
     interaction: InteractionId = None,
-    digest: Annotated[
-        str | None,
-        typer.Option(
-            "--digest",
-            help="The args_digest you reviewed; refused if the call's arguments differ.",
-            show_default=False,
-        ),
-    ] = None,
+    digest: Digest = None,
     target: Target = None,
     namespace: Namespace = None,
 ) -> None:
@@ -613,14 +616,7 @@ def deny(
         ),
     ] = None,
     interaction: InteractionId = None,
-    digest: Annotated[
-        str | None,
-        typer.Option(
-            "--digest",
-            help="The args_digest you reviewed; refused if the call's arguments differ.",
-            show_default=False,
-        ),
-    ] = None,
+    digest: Digest = None,
     target: Target = None,
     namespace: Namespace = None,
 ) -> None:

@@ -621,19 +621,7 @@ class AgentRunWorkflow:
 
     @workflow.update(name="respond")
     async def respond(self, *payload: Any) -> RespondAccepted:
-        request = parse_request(RespondRequest, payload, "respond")
-        accepted, new, response = check_response(
-            self._run_id, self._s, request, strict=self._hardened
-        )
-        if new and self._needs_signature(accepted):
-            await self._verify_signature(request, response)
-            # Other responses may have been decided meanwhile: check again.
-            accepted, new, response = check_response(
-                self._run_id, self._s, request, strict=self._hardened
-            )
-        if new:
-            self._accept_response(accepted, response)
-        return accepted
+        return await self._take(parse_request(RespondRequest, payload, "respond"))
 
     @respond.validator
     def _validate_respond(self, *payload: Any) -> None:
@@ -661,20 +649,24 @@ class AgentRunWorkflow:
             return
         try:
             args = tuple(_decode(raw) for raw in payload)
-            request = parse_request(RespondRequest, args, RESPOND_SIGNAL)
+            await self._take(parse_request(RespondRequest, args, RESPOND_SIGNAL))
+        except ApplicationError as err:
+            self._event("response_rejected", detail=f"{err.type}: {err.message}")
+
+    async def _take(self, request: RespondRequest) -> RespondAccepted:
+        """Accept a response (once; a repeat returns the first acceptance), or raise why not."""
+        accepted, new, response = check_response(
+            self._run_id, self._s, request, strict=self._hardened
+        )
+        if new and self._needs_signature(accepted):
+            await self._verify_signature(request, response)
+            # Other responses may have been decided meanwhile: check again.
             accepted, new, response = check_response(
                 self._run_id, self._s, request, strict=self._hardened
             )
-            if new and self._needs_signature(accepted):
-                await self._verify_signature(request, response)
-                accepted, new, response = check_response(
-                    self._run_id, self._s, request, strict=self._hardened
-                )
-        except ApplicationError as err:
-            self._event("response_rejected", detail=f"{err.type}: {err.message}")
-            return
         if new:
             self._accept_response(accepted, response)
+        return accepted
 
     def _needs_signature(self, accepted: RespondAccepted) -> bool:
         pending = self._s.interaction
