@@ -520,6 +520,23 @@ async def _continued(client: DurableClient, run: RunHandle, runs: int) -> list[A
             await asyncio.sleep(0.1)
 
 
+def _filer(ran: list[str]) -> Agent:
+    """An agent whose one call (`tool:1:c1`, manual) is interrupted: the service hangs up."""
+
+    @tool
+    async def file_ticket(args: Payment, ctx: ToolContext) -> Paid:
+        """File it (the service hangs up)."""
+        ran.append(ctx.operation_id)
+        raise ConnectionResetError("hung up")
+
+    return Agent(
+        id="filer",
+        model=ScriptedModel([tool_call("file_ticket", call_id="c1", to="x", cents=1), _results]),
+        instructions="",
+        tools=[file_ticket],
+    )
+
+
 class TestParkedRunsContinueAsNew:
     async def test_a_waiting_run_flooded_with_signals_continues_as_new_and_keeps_its_audit(
         self, client: DurableClient, runtimes: Runtimes
@@ -565,21 +582,7 @@ class TestParkedRunsContinueAsNew:
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
         ran: list[str] = []
-
-        @tool
-        async def file_ticket(args: Payment, ctx: ToolContext) -> Paid:
-            """File it (the service hangs up)."""
-            ran.append(ctx.operation_id)
-            raise ConnectionResetError("hung up")
-
-        agent = Agent(
-            id="filer",
-            model=ScriptedModel(
-                [tool_call("file_ticket", call_id="c1", to="x", cents=1), _results]
-            ),
-            instructions="",
-            tools=[file_ticket],
-        )
+        agent = _filer(ran)
         await runtimes.start([AgentRegistration(agent, version="1", continue_as_new_events=60)])
         run = await client.start_run("filer", "file it")
         blocked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
@@ -651,20 +654,7 @@ class TestParkedRunsContinueAsNew:
 
         monkeypatch.setattr(activities, "_fetch_transcript", gone)
         ran: list[str] = []
-
-        @tool
-        async def file_ticket(args: Payment, ctx: ToolContext) -> Paid:
-            """File it (the service hangs up)."""
-            ran.append(ctx.operation_id)
-            raise ConnectionResetError("hung up")
-
-        agent = Agent(
-            id="filer",
-            model=ScriptedModel([tool_call("file_ticket", call_id="c1", to="x", cents=1)]),
-            instructions="",
-            tools=[file_ticket],
-        )
-        registration = AgentRegistration(agent, version="1", continue_as_new_events=60)
+        registration = AgentRegistration(_filer(ran), version="1", continue_as_new_events=60)
         await runtimes.start([registration], cache=TranscriptCache(0))
         run = await client.start_run("filer", "file it")
         await wait_for_status(run, RunStatus.NEEDS_ATTENTION)

@@ -13,7 +13,7 @@ import asyncio
 import base64
 import json
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel
@@ -181,18 +181,20 @@ class TestSignedApprovals:
 
 
 class TestApprovalKeys:
+    INTERACTION: ClassVar[dict[str, Any]] = {
+        "id": "approval:1:c1",
+        "type": "tool-approval",
+        "operation": "tool:1:c1",
+        "tool": "pay",
+        "args": {},
+        "args_digest": "d" * 32,
+        "operation_id": "run/first/tool:1:c1",
+    }
+
     def test_keys_rotate_the_first_signs_and_every_key_verifies(self) -> None:
         old = ApprovalKeys({"2025": b"a" * 32})
         rotated = ApprovalKeys({"2026": b"b" * 32, "2025": b"a" * 32})
-        interaction = {
-            "id": "approval:1:c1",
-            "type": "tool-approval",
-            "operation": "tool:1:c1",
-            "tool": "pay",
-            "args": {},
-            "args_digest": "d" * 32,
-            "operation_id": "run/first/tool:1:c1",
-        }
+        interaction = self.INTERACTION
         token = old.sign(interaction, approved=True, approver="alice")
 
         assert rotated.signing_key_id == "2026"
@@ -210,15 +212,7 @@ class TestApprovalKeys:
         assert rotated.problem(token, **{**check, "operation_id": "run/other/tool:1:c1"})
 
     def test_a_token_binds_the_reason_and_a_garbled_token_is_refused_not_raised(self) -> None:
-        interaction = {
-            "id": "approval:1:c1",
-            "type": "tool-approval",
-            "operation": "tool:1:c1",
-            "tool": "pay",
-            "args": {},
-            "args_digest": "d" * 32,
-            "operation_id": "run/first/tool:1:c1",
-        }
+        interaction = self.INTERACTION
         token = KEYS.sign(interaction, approved=False, approver="alice", reason="over budget")
         check = {
             "operation_id": "run/first/tool:1:c1",
