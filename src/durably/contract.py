@@ -74,6 +74,7 @@ __all__ = [
     "TranscriptPage",
     "TranscriptRestoreRequest",
     "VerifyApprovalRequest",
+    "operation_id",
 ]
 
 WORKFLOW_TYPE = "AgentRunWorkflow"
@@ -116,6 +117,16 @@ Recovery = Literal["manual", "safe", "idempotent"]
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def operation_id(run_id: str, chain: str | None, key: str) -> str:
+    """An operation's full external key, as tools and signed approvals see it.
+
+    `chain` is the first execution run id of the run's chain (runs started by
+    0.1.0 have none): a run id reused through a raw client never repeats an
+    operation id. Keys and chains hold no "/", so the id splits from the right.
+    """
+    return f"{run_id}/{chain}/{key}" if chain else f"{run_id}/{key}"
 
 
 class RunStatus(StrEnum):

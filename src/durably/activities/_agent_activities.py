@@ -47,6 +47,7 @@ from durably.contract import (
     TranscriptPage,
     TranscriptRestoreRequest,
     VerifyApprovalRequest,
+    operation_id,
 )
 from durably.messages import (
     AssistantMessage,
@@ -332,9 +333,7 @@ class AgentActivities:
         tool = registration.agent.tool(call.call.name)
         info = activity.info()
         run_id = _run_id()
-        # Unique per execution chain: a run id reused through a raw client
-        # never repeats the operation ids of the run it replaced.
-        operation_id = f"{run_id}/{call.chain}/{call.key}" if call.chain else f"{run_id}/{call.key}"
+        op_id = operation_id(run_id, call.chain, call.key)
         if tool is None:  # the model activity rejects these; kept for direct callers
             return _error_result(call.call, f"unknown tool {call.call.name!r}")
         try:
@@ -343,13 +342,13 @@ class AgentActivities:
             return _error_result(call.call, _validation_message(exc))
         abort = asyncio.Event()
         ctx = ToolContext(
-            operation_id=operation_id,
+            operation_id=op_id,
             run_id=run_id,
             agent_id=call.agent_id,
             agent_version=call.version,
             attempt=info.attempt,
             abort_signal=abort,
-            logger=_log.bind(run_id=run_id, operation_id=operation_id, tool=tool.name),
+            logger=_log.bind(run_id=run_id, operation_id=op_id, tool=tool.name),
             _heartbeat=activity.heartbeat,
         )
         task = asyncio.create_task(tool.execute(args, ctx), name=f"durably-tool-{tool.name}")

@@ -30,8 +30,13 @@ from temporalio.common import RawValue
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from durably.contract import MAX_NAME_CHARS, MAX_RUN_INPUT_BYTES, RunInput
-    from durably.workflows._validation import CONTROL, short
+    from durably.contract import (
+        CONTROL_CHARACTERS,
+        MAX_NAME_CHARS,
+        MAX_RUN_INPUT_BYTES,
+        RunInput,
+    )
+    from durably.workflows._validation import short
 
 __all__ = ["EXPECTED", "decode_arguments", "one_raw_argument", "read_run_input"]
 
@@ -117,11 +122,13 @@ def read_run_input(
 def _problem(run_input: RunInput, info: workflow.Info) -> str | None:
     if not run_input.agent_id.strip() or len(run_input.agent_id) > MAX_NAME_CHARS:
         return f"agent_id must be 1 to {MAX_NAME_CHARS} characters, got {short(run_input.agent_id)}"
-    if CONTROL.search(run_input.agent_id):
+    if CONTROL_CHARACTERS.search(run_input.agent_id):
         return f"agent_id must not hold control characters, got {short(run_input.agent_id)}"
     version = run_input.version
     if version is not None and (
-        not version.strip() or len(version) > _MAX_VERSION_CHARS or CONTROL.search(version)
+        not version.strip()
+        or len(version) > _MAX_VERSION_CHARS
+        or CONTROL_CHARACTERS.search(version)
     ):
         return (
             f"version must be null or 1 to {_MAX_VERSION_CHARS} characters with no control "
@@ -134,7 +141,7 @@ def _problem(run_input: RunInput, info: workflow.Info) -> str | None:
             f"{MAX_RUN_INPUT_BYTES:,} bytes. Put a large document where the agent's tools "
             "can read it and start the run with where it is"
         )
-    if CONTROL.search(info.workflow_id):
+    if CONTROL_CHARACTERS.search(info.workflow_id):
         return (
             f"the run id {short(info.workflow_id)} holds control characters (a newline, say); "
             "run ids appear in operation ids, logs and terminals: start the run with a plain id"

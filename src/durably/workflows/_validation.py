@@ -42,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
     from durably.messages import AssistantMessage, ToolCall
 
 __all__ = [
-    "CONTROL",
     "check_resolution",
     "check_response",
     "check_retry",
@@ -56,7 +55,6 @@ _RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = T
     Resolution
 )
 _RESPONSE: TypeAdapter[ApprovalResponse | QuestionResponse] = TypeAdapter(Response)
-CONTROL = CONTROL_CHARACTERS
 
 
 def short(value: Any, limit: int = 200) -> str:
@@ -274,7 +272,7 @@ def check_response(
 def _check_bounds(request: RespondRequest, response: ApprovalResponse | QuestionResponse) -> None:
     """What one response may hold: see `durably.contract.MAX_*`."""
     for field, value in (("responder", request.responder), ("identity", request.identity)):
-        if value is not None and (len(value) > MAX_NAME_CHARS or CONTROL.search(value)):
+        if value is not None and (len(value) > MAX_NAME_CHARS or CONTROL_CHARACTERS.search(value)):
             raise rejection(
                 "InvalidResponseError",
                 f"{field} must be at most {MAX_NAME_CHARS} characters with no control "

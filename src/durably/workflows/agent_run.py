@@ -88,6 +88,7 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_RESTORE,
         ACTIVITY_TOOL,
         ACTIVITY_VERIFY_APPROVAL,
+        CONTROL_CHARACTERS,
         INVALID_RUN_INPUT,
         MAX_NAME_CHARS,
         PIN_DIGEST_PREFIX,
@@ -128,6 +129,7 @@ with workflow.unsafe.imports_passed_through():
         TranscriptPage,
         TranscriptRestoreRequest,
         VerifyApprovalRequest,
+        operation_id,
     )
     from durably.messages import (
         AssistantMessage,
@@ -148,7 +150,6 @@ with workflow.unsafe.imports_passed_through():
         read_run_input,
     )
     from durably.workflows._validation import (
-        CONTROL,
         check_resolution,
         check_response,
         check_retry,
@@ -387,11 +388,7 @@ class AgentRunWorkflow:
     def _outside_ref(self, ref: str, text: str) -> str | None:
         """Send `text` to the model activity by reference when it is large (hardened runs):
         it is in history once already, as the run's input or a person's response."""
-        if (
-            self._hardened
-            and len(text) > _INLINE_LIMIT // 4
-            and (len(text.encode("utf-8", "surrogatepass")) > _INLINE_LIMIT)
-        ):
+        if self._hardened and len(text.encode("utf-8", "surrogatepass")) > _INLINE_LIMIT:
             return ref
         return None
 
@@ -813,7 +810,7 @@ class AgentRunWorkflow:
                 question=_question(call, policy),
             )
             if self._hardened:
-                interaction.operation_id = self._operation_id(key)
+                interaction.operation_id = operation_id(self._run_id, s.chain, key)
                 interaction.signed = policy.signed_approval and not policy.question
                 if timeout:
                     interaction.expires_at = workflow.now() + timedelta(seconds=timeout)
@@ -854,11 +851,6 @@ class AgentRunWorkflow:
         if accepted.approved:
             return None
         return _error_result(call, f"denied: {reason or 'no reason given'}")
-
-    def _operation_id(self, key: str) -> str:
-        """The operation's full external key: unique per execution chain since the patch."""
-        chain = self._s.chain
-        return f"{self._run_id}/{chain}/{key}" if chain else f"{self._run_id}/{key}"
 
     def _pin_check(self) -> str:
         """What activities compare with their registration: the fingerprint (0.1.0), or
@@ -1220,7 +1212,7 @@ def _agent_id_of(payload: tuple[Any, ...]) -> str:
     if (
         isinstance(agent_id, str)
         and 0 < len(agent_id) <= MAX_NAME_CHARS
-        and not CONTROL.search(agent_id)
+        and not CONTROL_CHARACTERS.search(agent_id)
     ):
         return agent_id
     return ""
