@@ -108,6 +108,18 @@ class Ledger:
         return AgentRegistration(agent, version="1", **options)
 
 
+def _one_call(
+    agent_id: str, t: Any, *, call_id: str = "c1", to: str = "a", cents: int = 1
+) -> Agent:
+    """An agent that calls `t` once (`tool:1:{call_id}`), then reports what came back."""
+    return Agent(
+        id=agent_id,
+        model=ScriptedModel([tool_call(t.name, call_id=call_id, to=to, cents=cents), _results]),
+        instructions="",
+        tools=[t],
+    )
+
+
 def _results(request: ModelRequest) -> AssistantMessage:
     return AssistantMessage(
         content=json.dumps([[r.is_error, r.content[:200]] for r in last_tool_results(request)])
@@ -529,12 +541,7 @@ def _filer(ran: list[str]) -> Agent:
         ran.append(ctx.operation_id)
         raise ConnectionResetError("hung up")
 
-    return Agent(
-        id="filer",
-        model=ScriptedModel([tool_call("file_ticket", call_id="c1", to="x", cents=1), _results]),
-        instructions="",
-        tools=[file_ticket],
-    )
+    return _one_call("filer", file_ticket)
 
 
 class TestParkedRunsContinueAsNew:
@@ -617,12 +624,7 @@ class TestParkedRunsContinueAsNew:
             ran.append(ctx.operation_id)
             raise ConnectionResetError("bank hung up")
 
-        agent = Agent(
-            id="payer",
-            model=ScriptedModel([tool_call("pay", call_id="c1", to="bob", cents=5), _results]),
-            instructions="",
-            tools=[pay],
-        )
+        agent = _one_call("payer", pay, to="bob", cents=5)
         await runtimes.start([AgentRegistration(agent, version="1", continue_as_new_events=60)])
         run = await client.start_run("payer", "pay bob")
         await wait_for_interaction(run, "approval:1:c1")
@@ -770,14 +772,7 @@ class TestOperationIds:
             ran.append(ctx.operation_id)
             return "ok"
 
-        agent = Agent(
-            id="noter",
-            model=ScriptedModel(
-                [tool_call("note", call_id="x/../tool:9:y\n", to="a", cents=1), "done"]
-            ),
-            instructions="",
-            tools=[note],
-        )
+        agent = _one_call("noter", note, call_id="x/../tool:9:y\n")
         await runtimes.start(
             [AgentRegistration(agent, version="1", tool_recovery={"note": "safe"})]
         )
@@ -908,13 +903,7 @@ class TestActivityResults:
             """Export everything."""
             return "z" * 2_500_000
 
-        agent = Agent(
-            id="exporter",
-            model=ScriptedModel([tool_call("export", call_id="c1", to="a", cents=1), "done"]),
-            instructions="",
-            tools=[export],
-        )
-        await runtimes.start([AgentRegistration(agent, version="1")])
+        await runtimes.start([AgentRegistration(_one_call("exporter", export), version="1")])
         run = await client.start_run("exporter", "export")
 
         snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
@@ -932,13 +921,7 @@ class TestActivityResults:
             """Crash with a secret in a local variable's frame."""
             raise RuntimeError("database is down")
 
-        agent = Agent(
-            id="crasher",
-            model=ScriptedModel([tool_call("crash", call_id="c1", to="a", cents=1), "done"]),
-            instructions="",
-            tools=[crash],
-        )
-        await runtimes.start([AgentRegistration(agent, version="1")])
+        await runtimes.start([AgentRegistration(_one_call("crasher", crash), version="1")])
         run = await client.start_run("crasher", "crash")
         await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
 
