@@ -591,7 +591,8 @@ class Bench:
                 ]
                 assert not failed, f"run {run.run_id} failed a workflow task: {failed[0][:500]}"
                 tasks = [e.event_type for e in history.events if e.event_type in _TASK_EVENTS]
-                if tasks[-1] in _SETTLED:
+                # A run just continued as new may not have its first task recorded yet.
+                if tasks and tasks[-1] in _SETTLED:
                     return
                 await asyncio.sleep(0.02)
 
