@@ -42,6 +42,9 @@ __all__ = [
     "ApprovalResponse",
     "Attention",
     "ErrorResolution",
+    "ErrorType",
+    "EventType",
+    "Handler",
     "InboxItem",
     "Interaction",
     "JsonResolution",
@@ -86,10 +89,80 @@ ACTIVITY_MODEL = "durably.model_request"
 ACTIVITY_TOOL = "durably.tool_call"
 ACTIVITY_RESTORE = "durably.restore_transcript"
 ACTIVITY_VERIFY_APPROVAL = "durably.verify_approval"
-# The signal a person answers with when updates are out of reach (CLI, Web UI).
-RESPOND_SIGNAL = "respond_signal"
-# How a run whose start input was refused fails (`ApplicationError.type`).
-INVALID_RUN_INPUT = "DurablyInvalidRunInput"
+
+
+class Handler(StrEnum):
+    """The run's queries, updates and signal, by the names Temporal knows them."""
+
+    SNAPSHOT = "snapshot"  # query -> RunSnapshot
+    TRANSCRIPT = "transcript"  # query (offset, limit) -> TranscriptPage
+    RESPOND = "respond"  # update RespondRequest -> RespondAccepted
+    RESOLVE_TOOL = "resolve_tool"  # update ResolveToolRequest -> ResolveToolAccepted
+    RETRY = "retry"  # update RetryRequest -> RetryAccepted
+    # The signal a person answers with when updates are out of reach (CLI, Web UI).
+    RESPOND_SIGNAL = "respond_signal"
+
+
+RESPOND_SIGNAL = Handler.RESPOND_SIGNAL.value
+
+
+class ErrorType(StrEnum):
+    """`ApplicationError.type` of every failure durably raises on purpose.
+
+    The first group are the workflow's rejections of a request, which the
+    client maps back to its exceptions (`durably.client` keeps that table);
+    the rest are activity failures the workflow classifies.
+    """
+
+    DURABLE_CONFLICT = "DurableConflictError"
+    INTERACTION_CONFLICT = "InteractionConflictError"
+    INVALID_RESPONSE = "InvalidResponseError"
+    # How a run whose start input was refused fails.
+    INVALID_RUN_INPUT = "DurablyInvalidRunInput"
+    AGENT_NOT_REGISTERED = "DurablyAgentNotRegistered"
+    VERSION_MISSING = "DurablyVersionMissing"
+    VERSION_INCOMPATIBLE = "DurablyVersionIncompatible"
+    MODEL_ERROR = "DurablyModelError"
+    POST_PROCESSING = "DurablyPostProcessingError"
+    TOOL_CRASHED = "DurablyToolCrashed"
+    TRANSCRIPT_MISMATCH = "DurablyTranscriptMismatch"
+    TRANSCRIPT_LOST = "DurablyTranscriptLost"
+    STALE_ATTEMPT = "DurablyStaleAttempt"
+    RESULT_TOO_LARGE = "DurablyResultTooLarge"
+
+
+INVALID_RUN_INPUT = ErrorType.INVALID_RUN_INPUT.value
+
+
+class EventType(StrEnum):
+    """What a `RunEvent` records (its `type`). Kept as plain strings in events, so a
+    client older than the worker still reads a run whose events it does not know."""
+
+    AGENT_PINNED = "agent_pinned"
+    MODEL_COMPLETED = "model_completed"
+    WAITING = "waiting"
+    APPROVED = "approved"
+    DENIED = "denied"
+    ANSWERED = "answered"
+    TIMED_OUT = "timed_out"
+    TOOL_COMPLETED = "tool_completed"
+    TOOL_ERROR = "tool_error"
+    TOOL_RESOLVED = "tool_resolved"
+    TOOL_REJECTED = "tool_rejected"
+    NEEDS_ATTENTION = "needs_attention"
+    RUN_FAILED = "run_failed"
+    RETRIED = "retried"
+    RESOLVED_JSON = "resolved_json"
+    RESOLVED_ERROR = "resolved_error"
+    RESOLVED_RERUN = "resolved_rerun"
+    TRANSCRIPT_RESTORED = "transcript_restored"
+    CONTINUE_AS_NEW_REFUSED = "continue_as_new_refused"
+    RESPONSE_REJECTED = "response_rejected"
+    SIGNAL_REJECTED = "signal_rejected"
+    RUN_COMPLETED = "run_completed"
+    RUN_CANCELLED = "run_cancelled"
+
+
 # Activity inputs' `fingerprint` starting with this hold a digest of the run's
 # whole pin (see `AgentRegistration.pin_digest`), not the fingerprint alone.
 PIN_DIGEST_PREFIX = "p1:"

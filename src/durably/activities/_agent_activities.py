@@ -39,6 +39,7 @@ from durably.contract import (
     ACTIVITY_VERIFY_APPROVAL,
     PIN_DIGEST_PREFIX,
     AgentPin,
+    ErrorType,
     MessageRef,
     ModelCallInput,
     ModelCallResult,
@@ -79,21 +80,6 @@ _MAX_RESULT_BYTES = 2 * 2**20 - 64 * 2**10
 _MAX_CALL_ERROR = 2_000
 # A cache miss for a few referenced messages asks for those alone.
 _FETCH_ONE_BY_ONE = 4
-
-
-class ErrorType:
-    """`ApplicationError.type` values the workflow reacts to."""
-
-    AGENT_NOT_REGISTERED = "DurablyAgentNotRegistered"
-    VERSION_MISSING = "DurablyVersionMissing"
-    VERSION_INCOMPATIBLE = "DurablyVersionIncompatible"
-    MODEL_ERROR = "DurablyModelError"
-    POST_PROCESSING = "DurablyPostProcessingError"
-    TOOL_CRASHED = "DurablyToolCrashed"
-    TRANSCRIPT_MISMATCH = "DurablyTranscriptMismatch"
-    TRANSCRIPT_LOST = "DurablyTranscriptLost"
-    STALE_ATTEMPT = "DurablyStaleAttempt"
-    RESULT_TOO_LARGE = "DurablyResultTooLarge"
 
 
 def _heartbeat_interval(timeout: timedelta | None) -> float:

@@ -149,6 +149,7 @@ with workflow.unsafe.imports_passed_through():
         one_raw_argument,
         read_run_input,
     )
+    from durably.workflows._snapshot import build_snapshot
     from durably.workflows._validation import (
         check_resolution,
         check_response,
@@ -588,27 +589,7 @@ class AgentRunWorkflow:
 
     @workflow.query
     def snapshot(self) -> RunSnapshot:
-        s = self._s
-        return RunSnapshot(
-            run_id=self._run_id,
-            agent_id=s.agent_id,
-            agent_version=s.pin.version if s.pin else None,
-            status=s.status,
-            outcome=s.outcome or self._waiting_outcome(),
-            blocked_operation=s.blocked_operation,
-            attention=s.attention,
-            turns=s.turns,
-            usage=s.usage,
-            events=_merged(s.events, s.audit),
-            error=s.error,
-            current=workflow.get_current_details() or None,
-        )
-
-    def _waiting_outcome(self) -> dict[str, Any] | None:
-        s = self._s
-        if s.status != RunStatus.WAITING or s.interaction is None:
-            return None
-        return {"type": "interaction", "interaction": s.interaction.model_dump(mode="json")}
+        return build_snapshot(self._run_id, self._s, workflow.get_current_details() or None)
 
     @workflow.query
     def transcript(self, offset: int, limit: int | None = None) -> TranscriptPage:
@@ -1229,12 +1210,6 @@ def _decode(raw: RawValue) -> Any:
             f"{RESPOND_SIGNAL} takes a JSON RespondRequest object; its payload could not be "
             f"decoded (encoding {short(encoding, 60)}: {short(str(err), 200)})",
         ) from None
-
-
-def _merged(events: list[RunEvent], audit: list[RunEvent]) -> list[RunEvent]:
-    """Recent events plus the audit events older than them, in order."""
-    seen = {e.seq for e in events}
-    return sorted([*events, *(e for e in audit if e.seq not in seen)], key=lambda e: e.seq)
 
 
 def _attention_error(s: RunState) -> str:
