@@ -43,7 +43,8 @@ from durably import (
     question_tool,
     tool,
 )
-from durably._digests import EMPTY_DIGEST, args_digest, policy_digest
+from durably._digests import args_digest, policy_digest
+from durably._transcript import EMPTY_DIGEST
 from durably.activities import TranscriptCache
 from durably.contract import (
     PIN_DIGEST_PREFIX,
@@ -647,14 +648,14 @@ class TestParkedRunsContinueAsNew:
     ) -> None:
         """Parking the restore over the carried state lost what the run was blocked on, and
         `retry()` then ran the interrupted manual call again."""
-        import durably.activities._agent_activities as activities
+        import durably._transcript.rebuild as rebuild
 
         async def gone(workflow_id: str, temporal_run_id: str | None = None) -> Any:
             raise ApplicationError(
                 "the previous run is gone", type="DurablyTranscriptLost", non_retryable=True
             )
 
-        monkeypatch.setattr(activities, "_fetch_transcript", gone)
+        monkeypatch.setattr(rebuild, "_fetch_transcript", gone)
         ran: list[str] = []
         registration = AgentRegistration(_filer(ran), version="1", continue_as_new_events=60)
         await runtimes.start([registration], cache=TranscriptCache(0))

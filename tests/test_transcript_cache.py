@@ -22,9 +22,9 @@ from durably import (
     ToolContext,
     tool,
 )
-from durably._digests import EMPTY_DIGEST, encoded_size
+from durably._transcript import EMPTY_DIGEST, encoded_size
+from durably._transcript import cache as cache_module
 from durably.activities import TranscriptCache
-from durably.activities import _transcript_cache as cache_module
 from durably.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
 
 

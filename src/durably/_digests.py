@@ -1,12 +1,12 @@
 """Digests the workflow and its callers must compute identically.
 
-- The transcript digest lets a worker prove its cached transcript is the
-  run's: `digest(n+1) = sha256(digest(n) + json(message n))`, computed by
-  the workflow and the model activity with this one function.
 - The arguments digest names exactly the tool call a person approves.
 - The response digest recognises a repeated response without keeping a
   second copy of its answer.
 - The policy digest proves a run applies the policies its worker registered.
+
+The transcript digest lives with the rest of the transcript machinery, in
+`durably._transcript.digest`.
 """
 
 from __future__ import annotations
@@ -15,40 +15,15 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from durably.contract import AgentPin
-from durably.messages import Message
 
-__all__ = [
-    "EMPTY_DIGEST",
-    "args_digest",
-    "encoded_size",
-    "extend_digest",
-    "policy_digest",
-    "response_digest",
-]
-
-EMPTY_DIGEST = hashlib.sha256(b"durably-transcript-v1").hexdigest()
-_MESSAGE = TypeAdapter[Message](Message)
-
-
-def extend_digest(digest: str, message: Message) -> str:
-    """The digest of a transcript after appending `message`."""
-    h = hashlib.sha256(digest.encode())
-    h.update(_MESSAGE.dump_json(message))
-    return h.hexdigest()
+__all__ = ["args_digest", "policy_digest", "response_digest"]
 
 
 def args_digest(arguments: dict[str, Any]) -> str:
     """A hash of a tool call's canonical JSON arguments (sorted keys, no spaces)."""
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
-
-
-def encoded_size(message: Message) -> int:
-    """The bytes `message` takes in a payload (its JSON, as the digest reads it)."""
-    return len(_MESSAGE.dump_json(message))
 
 
 def response_digest(

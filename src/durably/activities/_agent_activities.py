@@ -4,7 +4,8 @@ Their names are fixed (`durably.pin_agent`, `durably.model_request`,
 `durably.tool_call`, `durably.restore_transcript` after a continue-as-new,
 and `durably.verify_approval` for signed approvals), so histories never
 depend on a user's function names and agents can be registered while the
-worker runs. User code (models and tools) runs only here.
+worker runs. User code (models and tools) runs only here. The transcript a
+model request or a restore needs is rebuilt by `durably._transcript`.
 """
 
 from __future__ import annotations
@@ -14,21 +15,21 @@ import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from functools import partial
 from typing import Any
 
 import structlog
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
 
-from durably._digests import EMPTY_DIGEST, extend_digest
-from durably._transcript_pages import transcript_page
+from durably._transcript import (
+    TranscriptCache,
+    model_transcript,
+    restored_transcript,
+    transcript_page,
+)
 from durably.activities._heartbeat import heartbeating
-from durably.activities._transcript_cache import TranscriptCache
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
 from durably.contract import (
@@ -40,7 +41,6 @@ from durably.contract import (
     PIN_DIGEST_PREFIX,
     AgentPin,
     ErrorType,
-    MessageRef,
     ModelCallInput,
     ModelCallResult,
     PinRequest,
@@ -52,7 +52,6 @@ from durably.contract import (
 )
 from durably.messages import (
     AssistantMessage,
-    Message,
     ModelRequest,
     ToolCall,
     ToolResultMessage,
@@ -78,8 +77,6 @@ _UNSAFE_IN_CALL_ID = re.compile(r"[%/\x00-\x1f\x7f-\x9f]")
 _MAX_RESULT_BYTES = 2 * 2**20 - 64 * 2**10
 # What the model reads about a call it may not make: enough to correct it.
 _MAX_CALL_ERROR = 2_000
-# A cache miss for a few referenced messages asks for those alone.
-_FETCH_ONE_BY_ONE = 4
 
 
 def _heartbeat_interval(timeout: timedelta | None) -> float:
@@ -174,15 +171,7 @@ class AgentActivities:
         # Heartbeat from the start: rebuilding the transcript may query the
         # workflow, which waits out a dead worker's sticky queue first.
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
-            messages = await self._rebuild(
-                run_id,
-                call.key,
-                call.base_length,
-                call.new,
-                call.digest,
-                partial(_fetch_transcript, run_id),
-                partial(_fetch_message, run_id),
-            )
+            messages = await model_transcript(self.cache, run_id, call)
             # Every message was validated when it was made: skip doing it again
             # for the whole transcript on every turn.
             request = ModelRequest.model_construct(
@@ -224,69 +213,6 @@ class AgentActivities:
             self.cache.forget(run_id)
         return result
 
-    async def _rebuild(
-        self,
-        run_id: str,
-        key: str,
-        base_length: int,
-        new: list[Message | MessageRef],
-        expected_digest: str,
-        fetch: Callable[[], Awaitable[list[Message]]],
-        fetch_at: Callable[[int], Awaitable[Message]] | None = None,
-    ) -> list[Message]:
-        """The full transcript from the cache, or from the workflow (`fetch`) on a miss.
-
-        On a hit only the new messages are hashed onto the cached digest, so a
-        turn costs the same at turn 500 as at turn 5. A cache already holding
-        the whole transcript (a retried attempt; a restore after the last
-        turn ran here) is used as it is. A few referenced messages the cache
-        lacks (a person's long answer never passed through this worker) are
-        fetched one by one (`fetch_at`); more, or no cached base, fetch all.
-        """
-        whole = self.cache.transcript(run_id, base_length + len(new))
-        if whole is not None and whole[1] == expected_digest:
-            return whole[0]
-        cached = self.cache.transcript(run_id, base_length)
-        if cached is not None:
-            found = [
-                self.cache.output(run_id, item.ref) if isinstance(item, MessageRef) else item
-                for item in new
-            ]
-            missing = [i for i, m in enumerate(found) if m is None]
-            if fetch_at is not None and len(missing) <= _FETCH_ONE_BY_ONE:
-                for i in missing:
-                    found[i] = await fetch_at(base_length + i)
-                missing = []
-            if not missing:
-                messages, digest = cached
-                for m in found:
-                    assert m is not None
-                    messages.append(m)
-                    digest = extend_digest(digest, m)
-                if digest == expected_digest:
-                    self.cache.store(run_id, messages, digest)
-                    return messages
-        messages = await fetch()
-        digest = _digest(messages)
-        if digest != expected_digest:
-            expected = base_length + len(new)
-            if len(messages) > expected and _digest(messages[:expected]) == expected_digest:
-                # The run moved on while this attempt waited: Temporal already
-                # discards its result, so say so rather than retry.
-                raise ApplicationError(
-                    f"this attempt of {key} of run {run_id!r} is stale: the run has "
-                    "moved on since it was scheduled",
-                    type=ErrorType.STALE_ATTEMPT,
-                    non_retryable=True,
-                )
-            raise ApplicationError(
-                f"the transcript of run {run_id!r} does not match the digest the workflow "
-                "sent; this is a bug in durably, please report it",
-                type=ErrorType.TRANSCRIPT_MISMATCH,
-            )
-        self.cache.store(run_id, messages, digest)
-        return messages
-
     # -- continue-as-new ----------------------------------------------------
 
     @activity.defn(name=ACTIVITY_RESTORE)
@@ -298,16 +224,8 @@ class AgentActivities:
         run's history) and serves the remaining pages from its cache.
         """
         run_id = _run_id()
-        archive = request.archive
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
-            messages = await self._rebuild(
-                run_id,
-                f"restore:{request.offset}",
-                archive.base_length,
-                archive.new,
-                archive.digest,
-                partial(_fetch_transcript, run_id, archive.run_id),
-            )
+            messages = await restored_transcript(self.cache, run_id, request)
         return transcript_page(messages, request.offset)
 
     # -- tools --------------------------------------------------------------
@@ -364,7 +282,7 @@ class AgentActivities:
                     type=ErrorType.TOOL_CRASHED,
                 ) from None
             result = ToolResultMessage(
-                call_id=call.call.id, tool=tool.name, content=render_result(output)
+                call_id=call.call.call_id, tool=tool.name, content=render_result(output)
             )
         _check_result_size(
             result,
@@ -425,13 +343,6 @@ def _run_id() -> str:
     return workflow_id
 
 
-def _digest(messages: list[Message]) -> str:
-    digest = EMPTY_DIGEST
-    for m in messages:
-        digest = extend_digest(digest, m)
-    return digest
-
-
 def _log_failure(what: str, key: str, exc: BaseException) -> None:
     """The worker's log gets the story (history gets only the message): one line, and
     the traceback at debug level (stdlib logging: skipped cheaply unless enabled, and
@@ -454,56 +365,18 @@ def _check_result_size(result: Any, what: str, remedy: str) -> None:
         )
 
 
-async def _fetch_message(workflow_id: str, position: int) -> Message:
-    """One message of the run's transcript, by query."""
-    handle = activity.client().get_workflow_handle(workflow_id)
-    page: TranscriptPage = await handle.query(
-        "transcript", args=[position, 1], result_type=TranscriptPage
-    )
-    if not page.messages:
-        raise ApplicationError(
-            f"run {workflow_id!r} has no message {position} yet; this is a bug in durably, "
-            "please report it",
-            type=ErrorType.TRANSCRIPT_MISMATCH,
-        )
-    return page.messages[0]
-
-
-async def _fetch_transcript(workflow_id: str, temporal_run_id: str | None = None) -> list[Message]:
-    """The whole transcript of the run (or of one closed run of its chain), by query."""
-    handle = activity.client().get_workflow_handle(workflow_id, run_id=temporal_run_id)
-    messages: list[Message] = []
-    while True:
-        try:
-            page = await handle.query("transcript", len(messages), result_type=TranscriptPage)
-        except RPCError as exc:
-            if temporal_run_id is None or exc.status != RPCStatusCode.NOT_FOUND:
-                raise
-            raise ApplicationError(
-                f"run {workflow_id!r} continued as new, but its previous run "
-                f"{temporal_run_id!r} is gone (its history outlived the namespace's retention "
-                "before this run copied its transcript), so the transcript cannot be restored. "
-                "Cancel this run and start a new one.",
-                type=ErrorType.TRANSCRIPT_LOST,
-                non_retryable=True,
-            ) from exc
-        messages.extend(page.messages)
-        if len(messages) >= page.total or not page.messages:
-            return messages
-
-
 def _normalise_calls(message: AssistantMessage) -> AssistantMessage:
     """Give every call a unique, non-empty id: checkpoint keys are built from them."""
     seen: set[str] = set()
     calls: list[ToolCall] = []
     for i, c in enumerate(message.tool_calls, start=1):
-        call_id = _UNSAFE_IN_CALL_ID.sub(_percent, c.id.strip()) or f"call_{i}"
+        call_id = _UNSAFE_IN_CALL_ID.sub(_percent, c.call_id.strip()) or f"call_{i}"
         if len(call_id) > _MAX_CALL_ID:  # call ids become part of activity ids
             call_id = f"call_{i}_{hashlib.sha256(call_id.encode()).hexdigest()[:16]}"
         while call_id in seen:
             call_id = f"{call_id}_{i}"
         seen.add(call_id)
-        calls.append(c if call_id == c.id else c.model_copy(update={"id": call_id}))
+        calls.append(c if call_id == c.call_id else c.model_copy(update={"call_id": call_id}))
     return message.model_copy(update={"tool_calls": tuple(calls)})
 
 
@@ -517,16 +390,16 @@ def _call_errors(registration: AgentRegistration, calls: tuple[ToolCall, ...]) -
         tool = registration.agent.tool(c.name)
         if tool is None:
             known = ", ".join(t.name for t in registration.agent.tools) or "none"
-            errors[c.id] = f"unknown tool {c.name[:200]!r}; available tools: {known}"
+            errors[c.call_id] = f"unknown tool {c.name[:200]!r}; available tools: {known}"
         elif c.raw_arguments is not None:
-            errors[c.id] = (
+            errors[c.call_id] = (
                 f"arguments for {c.name!r} are not a JSON object: {c.raw_arguments[:500]!r}"
             )
         else:
             try:
                 tool.input_model.model_validate(c.arguments)
             except ValidationError as exc:
-                errors[c.id] = f"invalid arguments for {c.name!r}: {_validation_message(exc)}"
+                errors[c.call_id] = f"invalid arguments for {c.name!r}: {_validation_message(exc)}"
     # Each error goes back to the model inline: enough to correct the call, bounded.
     return {
         call_id: e if len(e) <= _MAX_CALL_ERROR else f"{e[:_MAX_CALL_ERROR]}... (cut)"
@@ -543,4 +416,4 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def _error_result(call: ToolCall, message: str) -> ToolResultMessage:
-    return ToolResultMessage(call_id=call.id, tool=call.name, content=message, is_error=True)
+    return ToolResultMessage(call_id=call.call_id, tool=call.name, content=message, is_error=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from durably._digests import encoded_size
+from durably._transcript.digest import encoded_size
 from durably.contract import TranscriptPage
 from durably.messages import Message
 

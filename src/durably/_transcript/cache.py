@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from durably._digests import EMPTY_DIGEST, encoded_size
+from durably._transcript.digest import EMPTY_DIGEST, encoded_size
 from durably.messages import Message
 
 __all__ = ["DEFAULT_MAX_BYTES", "TranscriptCache"]

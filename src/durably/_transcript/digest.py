@@ -1,0 +1,43 @@
+"""The transcript digest: proof that a rebuilt transcript is the run's own.
+
+`digest(n+1) = sha256(digest(n) + json(message n))`, starting from
+`EMPTY_DIGEST`. The workflow and the model activity compute it with these
+functions, and it travels in history (`ModelCallInput.digest`,
+`TranscriptArchive.digest`), so a change to the encoding here breaks every
+run in flight. `encoded_size` reads the same JSON: it is what a message
+costs in a payload, in the cache and in a page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from pydantic import TypeAdapter
+
+from durably.messages import Message
+
+__all__ = ["EMPTY_DIGEST", "encoded_size", "extend_digest", "transcript_digest"]
+
+EMPTY_DIGEST = hashlib.sha256(b"durably-transcript-v1").hexdigest()
+_MESSAGE = TypeAdapter[Message](Message)
+
+
+def extend_digest(digest: str, message: Message) -> str:
+    """The digest of a transcript after appending `message`."""
+    h = hashlib.sha256(digest.encode())
+    h.update(_MESSAGE.dump_json(message))
+    return h.hexdigest()
+
+
+def transcript_digest(messages: Sequence[Message]) -> str:
+    """The digest of the whole of `messages`, from `EMPTY_DIGEST`."""
+    digest = EMPTY_DIGEST
+    for m in messages:
+        digest = extend_digest(digest, m)
+    return digest
+
+
+def encoded_size(message: Message) -> int:
+    """The bytes `message` takes in a payload (its JSON, as the digest reads it)."""
+    return len(_MESSAGE.dump_json(message))
