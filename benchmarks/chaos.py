@@ -612,8 +612,8 @@ class Soak:
     async def attend(self, run_id: str) -> None:
         run = RunHandle(self.temporal, run_id)
         snap = await run.snapshot()
-        if snap.status == RunStatus.WAITING and snap.outcome:
-            await self.answer(run_id, snap.outcome["interaction"])
+        if snap.status == RunStatus.WAITING and snap.interaction is not None:
+            await self.answer(run_id, snap.interaction.model_dump(mode="json"))
         elif snap.status == RunStatus.NEEDS_ATTENTION:
             reason = snap.attention.reason if snap.attention else "unknown"
             if reason != "tool_interrupted" or snap.blocked_operation is None:

@@ -245,7 +245,7 @@ def final_answer(request: ModelRequest) -> dict[str, dict[str, Any]]:
         if isinstance(message, AssistantMessage):
             turn += 1
             for call in message.tool_calls:
-                turn_of[call.id] = turn
+                turn_of[call.call_id] = turn
         elif isinstance(message, ToolResultMessage):
             key = f"tool:{turn_of[message.call_id]}:{message.call_id}"
             answer[key] = {"content": message.content, "error": message.is_error}

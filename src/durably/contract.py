@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from temporalio.common import SearchAttributeKey
 
 from durably.messages import AssistantMessage, Message, ToolCall, Usage
@@ -39,8 +39,11 @@ __all__ = [
     "SEARCH_ATTRIBUTES",
     "WORKFLOW_TYPE",
     "AgentPin",
+    "Answer",
+    "Approval",
     "ApprovalResponse",
     "Attention",
+    "Denial",
     "ErrorResolution",
     "ErrorType",
     "EventType",
@@ -51,6 +54,7 @@ __all__ = [
     "MessageRef",
     "ModelCallInput",
     "ModelCallResult",
+    "OtherAttention",
     "PinRequest",
     "QuestionResponse",
     "Recovery",
@@ -64,6 +68,7 @@ __all__ = [
     "RetryAccepted",
     "RetryRequest",
     "RetrySpec",
+    "RunAttention",
     "RunEvent",
     "RunInput",
     "RunResult",
@@ -72,11 +77,14 @@ __all__ = [
     "RunStatus",
     "RunSummary",
     "ToolCallInput",
+    "ToolInterrupted",
     "ToolPolicy",
     "TranscriptArchive",
     "TranscriptPage",
     "TranscriptRestoreRequest",
     "VerifyApprovalRequest",
+    "VersionIncompatible",
+    "VersionMissing",
     "operation_id",
 ]
 
@@ -386,24 +394,29 @@ class TranscriptRestoreRequest(_Model):
     offset: int
 
 
+# Resolutions and responses: an operator builds one (`JsonResolution(value=...)`,
+# `Denial(reason=...)`) or sends the same JSON; `type` is what tells them apart on
+# the wire, so it defaults here and stays required in a plain object.
+
+
 class JsonResolution(_Model):
     """The call's real result, read from the external system; checked against its output schema."""
 
-    type: Literal["json"]
+    type: Literal["json"] = "json"
     value: Any
 
 
 class ErrorResolution(_Model):
     """The call is known to have failed; the model reads `message` as its error."""
 
-    type: Literal["error"]
+    type: Literal["error"] = "error"
     message: str = Field(min_length=1)
 
 
 class RerunResolution(_Model):
     """The operator verified the effect did not happen: run the call once more."""
 
-    type: Literal["rerun"]
+    type: Literal["rerun"] = "rerun"
 
 
 Resolution = Annotated[
@@ -458,19 +471,41 @@ class Interaction(_Model):
 
 
 class ApprovalResponse(_Model):
-    type: Literal["tool-approval"]
+    """A decision on a tool approval, as it travels: `Approval` or `Denial` build one.
+
+    `args_digest` (the interaction's) binds the decision to the call the
+    person saw; `token` is a signed approval (`durably.approvals`).
+    """
+
+    type: Literal["tool-approval"] = "tool-approval"
     approved: bool
     reason: str | None = None
     args_digest: str | None = None
     token: str | None = None
 
 
-class QuestionResponse(_Model):
-    type: Literal["question"]
+class Approval(ApprovalResponse):
+    """Approve the call: it runs. `reason` is recorded, not read by the model."""
+
+    approved: Literal[True] = True
+
+
+class Denial(ApprovalResponse):
+    """Deny the call: it never runs, and the model reads `denied: <reason>`."""
+
+    approved: Literal[False] = False
+
+
+class Answer(_Model):
+    """A question's answer: the model reads `answer` as the question tool's result."""
+
+    type: Literal["question"] = "question"
     answer: str
 
 
-Response = Annotated[ApprovalResponse | QuestionResponse, Field(discriminator="type")]
+QuestionResponse = Answer  # the name the workflow's validation knows it by
+
+Response = Annotated[ApprovalResponse | Answer, Field(discriminator="type")]
 
 
 class RespondRequest(_Model):
@@ -522,22 +557,131 @@ class RunEvent(_Model):
 
 
 class Attention(_Model):
-    """Why a run needs an operator."""
+    """Why a run needs an operator, as the run keeps it (operators read `RunAttention`)."""
 
     reason: str
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
+_DETAIL_DEPRECATED = (
+    "read the typed fields instead (`tool`, `args`, `agent_id`, ...); `detail` is kept "
+    "for one release"
+)
+
+
+class _AttentionView(_Model):
+    """What every attention reason shows: `reason`, then its typed fields.
+
+    A snapshot's JSON holds `reason` and `detail` (see `RunSnapshot`); the
+    typed fields are read from `detail`.
+    """
+
+    reason: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_detail(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("detail"), dict):
+            return {**data["detail"], **data}
+        return data
+
+
+class _KnownAttention(_AttentionView):
+    detail: dict[str, Any] = Field(default_factory=dict, deprecated=_DETAIL_DEPRECATED)
+
+
+class ToolInterrupted(_KnownAttention):
+    """A manual tool's outcome is uncertain: check the external system, then `resolve_tool`.
+
+    `args` is empty for a moment after a run continued as new (until its
+    transcript is restored); `attempts` is how many the policy allowed.
+    """
+
+    reason: Literal["tool_interrupted"] = "tool_interrupted"
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    attempts: int | None = None
+    last_error: str | None = None
+
+
+class _VersionAttention(_KnownAttention):
+    agent_id: str
+    version: str
+    last_error: str | None = None
+
+
+class VersionMissing(_VersionAttention):
+    """No worker hosts the run's agent version: register it again, then `retry()`."""
+
+    reason: Literal["version_missing"] = "version_missing"
+
+
+class VersionIncompatible(_VersionAttention):
+    """The worker's registration of the run's version differs from the one it pinned:
+    register the original definition under that version, then `retry()`."""
+
+    reason: Literal["version_incompatible"] = "version_incompatible"
+
+
+class OtherAttention(_AttentionView):
+    """A reason this client does not know (a newer worker's): `reason` and `detail` say it."""
+
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+def _attention_tag(value: Any) -> str:
+    reason = value.get("reason") if isinstance(value, dict) else getattr(value, "reason", None)
+    return reason if reason in _ATTENTION_REASONS else "other"
+
+
+_ATTENTION_REASONS = frozenset({"tool_interrupted", "version_missing", "version_incompatible"})
+
+RunAttention = Annotated[
+    Annotated[ToolInterrupted, Tag("tool_interrupted")]
+    | Annotated[VersionMissing, Tag("version_missing")]
+    | Annotated[VersionIncompatible, Tag("version_incompatible")]
+    | Annotated[OtherAttention, Tag("other")],
+    Discriminator(_attention_tag),
+]
+"""Why a run needs an operator, one type per `reason`; `OtherAttention` for a reason
+this client does not know yet."""
+
+_OUTCOME_DEPRECATED = (
+    "read `interactions` (or `interaction`) and `output` instead; `outcome` is kept, "
+    "filled as before, for one release"
+)
+
+
 class RunSnapshot(_Model):
-    """A run as an operator sees it (the `snapshot` query)."""
+    """A run as an operator sees it (the `snapshot` query).
+
+    What the run waits for: `interactions` (pending approvals and questions,
+    oldest first; `interaction` is the first), `blocked_operations` (the
+    checkpoint keys of the calls an operator must resolve;
+    `blocked_operation` is the first) with `attention` saying why, typed by
+    reason. `output` is the final answer once the run completed.
+
+    The query's JSON holds each value once, in the shape the previous
+    release reads (`outcome`, `blocked_operation`, attention's `reason` and
+    `detail`; a query result must stay under Temporal's 2 MB); parsing
+    derives the typed fields from it, or takes them as a worker sends them.
+
+    .. deprecated:: Unreleased
+       `outcome` (`{"type": "interaction", "interaction": {...}}` or
+       `{"type": "completed", "output": ...}`): read `interactions` and
+       `output`. Attention's `detail`: read its typed fields.
+    """
 
     run_id: str
     agent_id: str
     agent_version: str | None = None
     status: RunStatus
-    outcome: dict[str, Any] | None = None
+    interactions: list[Interaction] = Field(default_factory=list)
+    blocked_operations: list[str] = Field(default_factory=list)
     blocked_operation: str | None = None
-    attention: Attention | None = None
+    attention: RunAttention | None = None
+    output: str | None = None
+    outcome: dict[str, Any] | None = Field(default=None, deprecated=_OUTCOME_DEPRECATED)
     next_attempt_at: datetime | None = None
     attempt: int | None = None
     turns: int = 0
@@ -545,6 +689,29 @@ class RunSnapshot(_Model):
     events: list[RunEvent] = Field(default_factory=list)
     error: str | None = None
     current: str | None = None
+
+    @property
+    def interaction(self) -> Interaction | None:
+        """The first pending interaction (the oldest), or None."""
+        return self.interactions[0] if self.interactions else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_views(cls, data: Any) -> Any:
+        """Derive the typed fields a snapshot's JSON leaves out from the fields it holds."""
+        if not isinstance(data, dict):
+            return data
+        raw = data.get("outcome")
+        outcome: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        data = dict(data)
+        if "interactions" not in data:
+            pending = outcome.get("interaction") if outcome.get("type") == "interaction" else None
+            data["interactions"] = [pending] if pending is not None else []
+        if "output" not in data and outcome.get("type") == "completed":
+            data["output"] = outcome.get("output")
+        if "blocked_operations" not in data and data.get("blocked_operation"):
+            data["blocked_operations"] = [data["blocked_operation"]]
+        return data
 
 
 class InboxItem(_Model):

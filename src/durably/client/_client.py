@@ -31,11 +31,11 @@ from durably.contract import (
     SA_STATUS,
     WORKFLOW_TYPE,
     InboxItem,
-    Interaction,
     RunInput,
     RunSnapshot,
     RunStatus,
     RunSummary,
+    ToolInterrupted,
 )
 from durably.errors import (
     DurableConflictError,
@@ -172,15 +172,15 @@ class DurableClient:
         runs = parked + running
         gate = asyncio.Semaphore(16)
 
-        async def describe(run: RunSummary) -> InboxItem | None:
+        async def describe(run: RunSummary) -> list[InboxItem]:
             async with gate:
                 try:
                     snap = await RunHandle(self.temporal, run.run_id).snapshot()
                 except (RPCError, DurablyError) as err:
                     return _unreadable(run, err)
-            return _inbox_item(snap)
+            return _inbox_items(snap)
 
-        items = [i for i in await asyncio.gather(*map(describe, runs)) if i is not None]
+        items = [i for found in await asyncio.gather(*map(describe, runs)) for i in found]
         return sorted(items, key=lambda i: (i.since is None, i.since))
 
     async def list_runs(
@@ -288,61 +288,69 @@ def _utf8_size(text: str) -> int:
         ) from err
 
 
-def _inbox_item(snap: RunSnapshot) -> InboxItem | None:
-    """What a parked run waits for, in words, or None if it no longer waits."""
+def _inbox_items(snap: RunSnapshot) -> list[InboxItem]:
+    """What a parked run waits for, in words: one item per pending interaction."""
     since = snap.events[-1].at if snap.events else None
     base = {"run_id": snap.run_id, "agent_id": snap.agent_id, "status": snap.status, "since": since}
-    if snap.status == RunStatus.WAITING and snap.outcome and "interaction" in snap.outcome:
-        i = Interaction.model_validate(snap.outcome["interaction"])
-        if i.type == "question":
-            return InboxItem(
+    if snap.status == RunStatus.WAITING:
+        return [
+            InboxItem(
                 **base,
-                kind="question",
-                waiting_for=f"answer: {i.question}",
+                kind="question" if i.type == "question" else "approval",
+                waiting_for=(
+                    f"answer: {i.question}"
+                    if i.type == "question"
+                    else f"approve {i.tool}({_shorten(json.dumps(i.args), 80)})"
+                ),
                 interaction_id=i.id,
                 operation=i.operation,
             )
-        return InboxItem(
-            **base,
-            kind="approval",
-            waiting_for=f"approve {i.tool}({_shorten(json.dumps(i.args), 80)})",
-            interaction_id=i.id,
-            operation=i.operation,
-        )
+            for i in snap.interactions
+        ]
     if snap.status == RunStatus.NEEDS_ATTENTION:
-        reason = snap.attention.reason if snap.attention else "unknown"
+        attention = snap.attention
         what = (
-            f"verify {snap.attention.detail.get('tool')} in the external system, then resolve it"
-            if snap.attention and reason == "tool_interrupted"
-            else f"{reason}: fix it, then retry"
+            f"verify {attention.tool} in the external system, then resolve it"
+            if isinstance(attention, ToolInterrupted)
+            else f"{attention.reason if attention else 'unknown'}: fix it, then retry"
         )
-        return InboxItem(**base, kind="blocked", waiting_for=what, operation=snap.blocked_operation)
+        operations: list[str | None] = [*snap.blocked_operations] or [None]
+        return [
+            InboxItem(**base, kind="blocked", waiting_for=what, operation=operation)
+            for operation in operations
+        ]
     if snap.status == RunStatus.FAILED:
-        return InboxItem(
-            **base,
-            kind="failed",
-            waiting_for=f"retry after fixing: {_shorten(snap.error or '', 120)}",
-        )
+        return [
+            InboxItem(
+                **base,
+                kind="failed",
+                waiting_for=f"retry after fixing: {_shorten(snap.error or '', 120)}",
+            )
+        ]
     if snap.status == RunStatus.RETRY_WAIT:
-        return InboxItem(
-            **base,
-            kind="retry_wait",
-            waiting_for=f"attempt {snap.attempt} of a model request",
-            next_attempt_at=snap.next_attempt_at,
-        )
-    return None
+        return [
+            InboxItem(
+                **base,
+                kind="retry_wait",
+                waiting_for=f"attempt {snap.attempt} of a model request",
+                next_attempt_at=snap.next_attempt_at,
+            )
+        ]
+    return []
 
 
-def _unreadable(run: RunSummary, err: Exception) -> InboxItem | None:
+def _unreadable(run: RunSummary, err: Exception) -> list[InboxItem]:
     if run.status not in _INBOX:
-        return None
-    return InboxItem(
-        run_id=run.run_id,
-        agent_id=run.agent_id,
-        status=run.status,
-        kind=_INBOX[run.status],
-        waiting_for=f"(snapshot unavailable: {err}; is a worker running?)",
-    )
+        return []
+    return [
+        InboxItem(
+            run_id=run.run_id,
+            agent_id=run.agent_id,
+            status=run.status,
+            kind=_INBOX[run.status],
+            waiting_for=f"(snapshot unavailable: {err}; is a worker running?)",
+        )
+    ]
 
 
 def _summary(e: WorkflowExecution) -> RunSummary:

@@ -29,11 +29,21 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably._text import printable
+from durably.approvals import ApprovalKeys
 from durably.contract import (
     ACTIVITY_MODEL,
-    INVALID_RUN_INPUT,
     MAX_NAME_CHARS,
     SA_STATUS,
+    Answer,
+    Approval,
+    ApprovalResponse,
+    Denial,
+    ErrorResolution,
+    ErrorType,
+    Handler,
+    Interaction,
+    JsonResolution,
+    RerunResolution,
     ResolveToolAccepted,
     ResolveToolRequest,
     RespondAccepted,
@@ -57,14 +67,16 @@ from durably.errors import (
     TemporalUnavailableError,
 )
 
-__all__ = ["RunHandle", "closed_how", "temporal_error", "too_large"]
+__all__ = ["RunHandle", "closed_how", "durably_error", "temporal_error", "too_large"]
 
 _QUERY_TIMEOUT = timedelta(seconds=10)
-# Update rejections carry the durably error's name as the ApplicationError type.
-_REJECTIONS: dict[str, type[DurablyError]] = {
-    "DurableConflictError": DurableConflictError,
-    "InteractionConflictError": InteractionConflictError,
-    "InvalidResponseError": InvalidResponseError,
+# The failures a run raises on purpose that reach a client (an update's rejection,
+# a refused start input), by `ApplicationError.type`, and the error each becomes.
+_ERRORS: dict[str, type[DurablyError]] = {
+    ErrorType.DURABLE_CONFLICT: DurableConflictError,
+    ErrorType.INTERACTION_CONFLICT: InteractionConflictError,
+    ErrorType.INVALID_RESPONSE: InvalidResponseError,
+    ErrorType.INVALID_RUN_INPUT: InvalidRunInputError,
 }
 # What a request that got no answer ends with: the server is down or
 # unreachable, or the call's deadline passed (the SDK reports its own
@@ -94,7 +106,9 @@ class RunHandle:
         return f"RunHandle({self.run_id!r})"
 
     async def snapshot(self) -> RunSnapshot:
-        """The run's status, outcome, usage and recent events (a query: no history).
+        """The run's status, what it waits for, its output, usage and recent events.
+
+        A query: it adds nothing to history and never changes the run.
 
         A model request waiting out its retry backoff lives in Temporal's
         pending activity, not in the workflow; a running run is shown as
@@ -103,7 +117,7 @@ class RunHandle:
         """
         try:
             snapshot: RunSnapshot = await self._handle.query(
-                "snapshot", result_type=RunSnapshot, rpc_timeout=_QUERY_TIMEOUT
+                Handler.SNAPSHOT, result_type=RunSnapshot, rpc_timeout=_QUERY_TIMEOUT
             )
             if snapshot.status == RunStatus.RUNNING:
                 snapshot = await self._with_retry_wait(snapshot)
@@ -184,10 +198,10 @@ class RunHandle:
                 raise RunClosedError(self.run_id, "terminated") from err
             if isinstance(err.cause, TemporalTimeoutError):
                 raise RunClosedError(self.run_id, "timed out") from err
-            cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type == INVALID_RUN_INPUT:
+            error = durably_error(err.cause)
+            if isinstance(error, InvalidRunInputError):
                 raise InvalidRunInputError(
-                    f"run {self.run_id!r} never started: {cause.message}. Start a new run "
+                    f"run {self.run_id!r} never started: {error}. Start a new run "
                     "with a valid input."
                 ) from err
             raise RunFailedError(self.run_id, str(err.cause or err)) from err
@@ -197,21 +211,126 @@ class RunHandle:
             raise temporal_error(err, self._client, f"the result of run {self.run_id!r}") from err
         return result
 
+    async def pending(self) -> list[Interaction]:
+        """The approvals and questions the run waits on, oldest first (none: an empty list).
+
+        Each can be passed to `approve`, `deny` or `answer` as it is.
+        """
+        return (await self.snapshot()).interactions
+
+    async def approve(
+        self,
+        interaction: Interaction | str,
+        *,
+        responder: str | None = None,
+        reason: str | None = None,
+        args_digest: str | None = None,
+        keys: ApprovalKeys | None = None,
+        token: str | None = None,
+    ) -> RespondAccepted:
+        """Approve a pending tool call: it runs.
+
+        `interaction` is the pending `Interaction` (from `pending()` or the
+        snapshot) or its id. An `Interaction` binds the approval to the
+        arguments it shows (its `args_digest`): if the call's arguments
+        differ, `InvalidResponseError` and nothing is approved; with an id,
+        pass `args_digest=` for the same. A tool whose registration names
+        approvers takes signed decisions only: pass `keys` (they sign as
+        `responder`) or a `token` signed elsewhere. Repeating an approval is
+        harmless; see `respond` for what else is refused.
+        """
+        return await self._decide(
+            interaction, Approval, reason, responder, args_digest, keys, token
+        )
+
+    async def deny(
+        self,
+        interaction: Interaction | str,
+        reason: str | None = None,
+        *,
+        responder: str | None = None,
+        args_digest: str | None = None,
+        keys: ApprovalKeys | None = None,
+        token: str | None = None,
+    ) -> RespondAccepted:
+        """Deny a pending tool call: it never runs; the model reads `denied: <reason>`.
+
+        Arguments as for `approve`.
+        """
+        return await self._decide(interaction, Denial, reason, responder, args_digest, keys, token)
+
+    async def answer(
+        self, interaction: Interaction | str, text: str, *, responder: str | None = None
+    ) -> RespondAccepted:
+        """Answer a pending question: the model reads `text` as the question tool's result."""
+        iid = interaction.id if isinstance(interaction, Interaction) else interaction
+        return await self.respond(iid, Answer(answer=text), responder=responder)
+
+    async def _decide(
+        self,
+        interaction: Interaction | str,
+        decision: type[Approval] | type[Denial],
+        reason: str | None,
+        responder: str | None,
+        args_digest: str | None,
+        keys: ApprovalKeys | None,
+        token: str | None,
+    ) -> RespondAccepted:
+        shown = interaction if isinstance(interaction, Interaction) else None
+        iid = shown.id if shown is not None else interaction
+        _check_type("interaction", iid, str, "an Interaction from pending(), or its id")
+        if keys is not None and token is None:
+            if responder is None:
+                raise InvalidResponseError(
+                    "a signed decision names its approver: pass responder= (who decides), "
+                    "as the registration's approvers list them"
+                )
+            shown = shown if shown is not None else await self._pending_one(str(iid))
+            try:
+                token = keys.sign(
+                    shown, approved=decision is Approval, approver=responder, reason=reason
+                )
+            except DurablyError as err:
+                raise InvalidResponseError(str(err)) from err
+        elif shown is not None and shown.signed and token is None:
+            raise InvalidResponseError(
+                f"interaction {shown.id!r} takes signed decisions only (tool {shown.tool!r} "
+                "names its approvers): pass keys= (an ApprovalKeys holding a key the workers "
+                "hold, e.g. ApprovalKeys.from_env()) with responder=, or a token="
+            )
+        if args_digest is None and shown is not None:
+            args_digest = shown.args_digest
+        response = decision(reason=reason, args_digest=args_digest, token=token)
+        return await self.respond(str(iid), response, responder=responder)
+
+    async def _pending_one(self, interaction_id: str) -> Interaction:
+        pending = await self.pending()
+        for interaction in pending:
+            if interaction.id == interaction_id:
+                return interaction
+        now = ", ".join(repr(i.id) for i in pending) or "none"
+        raise InvalidResponseError(
+            f"run {self.run_id!r} waits on no interaction {interaction_id!r} (pending: {now}), "
+            "so nothing was signed or sent; read pending() for the interaction to decide on"
+        )
+
     async def respond(
         self,
         interaction_id: str,
-        response: dict[str, Any] | BaseModel,
+        response: ApprovalResponse | Answer | dict[str, Any] | BaseModel,
         *,
         responder: str | None = None,
     ) -> RespondAccepted:
-        """Answer the pending interaction: an approval decision or a question's answer.
+        """Answer a pending interaction: an approval decision or a question's answer.
 
-        `response` is `{"type": "tool-approval", "approved": bool, "reason"?: str,
-        "args_digest"?: str}` or `{"type": "question", "answer": str}`. Sending
-        the same response again is harmless and returns the same acceptance
-        (it carries the same update id, so history does not grow); a different
-        one raises `InteractionConflictError`; an unknown id, wrong type or
-        mismatched `args_digest`, or arguments of the wrong type, raise
+        `approve`, `deny` and `answer` build the response for you. `response`
+        is an `Approval`, `Denial` or `Answer`, or the same as JSON:
+        `{"type": "tool-approval", "approved": bool, "reason"?: str,
+        "args_digest"?: str, "token"?: str}` or `{"type": "question", "answer":
+        str}`. Sending the same response again is harmless and returns the same
+        acceptance (it carries the same update id, so history does not grow);
+        a different one raises `InteractionConflictError`; an unknown id, wrong
+        type or mismatched `args_digest`, or arguments of the wrong type, raise
         `InvalidResponseError`.
         """
         if isinstance(response, BaseModel):
@@ -235,20 +354,25 @@ class RunHandle:
         digest = hashlib.sha256(f"{interaction_id}\n{decision}".encode()).hexdigest()[:32]
         update_id = f"respond/{interaction_id[:200]}/{digest}"  # ids: at most 1,000 chars
         accepted: RespondAccepted = await self._update(
-            "respond", request, RespondAccepted, update_id=update_id
+            Handler.RESPOND, request, RespondAccepted, update_id=update_id
         )
         return accepted
 
     async def resolve_tool(
-        self, operation: str, resolution: dict[str, Any] | BaseModel
+        self,
+        operation: str,
+        resolution: JsonResolution | ErrorResolution | RerunResolution | dict[str, Any] | BaseModel,
     ) -> ResolveToolAccepted:
         """Supply the real outcome of the interrupted tool call `operation`.
 
-        `resolution` is `{"type": "json", "value": ...}` (checked against the
-        tool's output schema), `{"type": "error", "message": ...}`, or
-        `{"type": "rerun"}` once you verified the effect did not happen. A
-        rejected resolution changes nothing and raises `DurableConflictError`
-        or `InvalidResponseError`.
+        `operation` is the snapshot's `blocked_operation` (one of
+        `blocked_operations`). `resolution` is `JsonResolution(value=...)`
+        (the call's result, checked against the tool's output schema),
+        `ErrorResolution(message=...)` (it failed), or `RerunResolution()` once
+        you verified the effect did not happen; or the same as JSON
+        (`{"type": "json", "value": ...}`, `{"type": "error", "message": ...}`,
+        `{"type": "rerun"}`). A rejected resolution changes nothing and raises
+        `DurableConflictError` or `InvalidResponseError`.
         """
         if isinstance(resolution, BaseModel):
             resolution = resolution.model_dump(mode="json")
@@ -257,7 +381,7 @@ class RunHandle:
         _canonical_json("resolution", resolution)
         request = _request(ResolveToolRequest, operation=operation, resolution=resolution)
         accepted: ResolveToolAccepted = await self._update(
-            "resolve_tool", request, ResolveToolAccepted
+            Handler.RESOLVE_TOOL, request, ResolveToolAccepted
         )
         return accepted
 
@@ -268,7 +392,7 @@ class RunHandle:
         tool stays blocked (resolve it instead). Raises `DurableConflictError`
         on a run that is running, waiting, completed or cancelled.
         """
-        accepted: RetryAccepted = await self._update("retry", RetryRequest(), RetryAccepted)
+        accepted: RetryAccepted = await self._update(Handler.RETRY, RetryRequest(), RetryAccepted)
         return accepted
 
     async def _update(
@@ -279,10 +403,10 @@ class RunHandle:
                 name, arg, result_type=result_type, id=update_id
             )
         except WorkflowUpdateFailedError as err:
-            cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type in _REJECTIONS:
-                raise _REJECTIONS[cause.type](cause.message) from err
-            raise DurablyError(f"run {self.run_id!r} rejected {name}: {cause}") from err
+            raise (
+                durably_error(err.cause)
+                or DurablyError(f"run {self.run_id!r} rejected {name}: {err.cause}")
+            ) from err
         except WorkflowUpdateRPCTimeoutOrCancelledError as err:
             raise TemporalUnavailableError(
                 f"Temporal at {_address(self._client)} did not confirm {name} of run "
@@ -346,6 +470,16 @@ class RunHandle:
             f"no run {self.run_id!r} in namespace {self._client.namespace!r}; "
             "check the id (`durably runs list`)"
         )
+
+
+def durably_error(failure: BaseException | None) -> DurablyError | None:
+    """The durably error a run's deliberate failure stands for (its message kept), or None.
+
+    Every place the client reads a failure type goes through this one table.
+    """
+    if isinstance(failure, ApplicationError) and failure.type in _ERRORS:
+        return _ERRORS[failure.type](failure.message)
+    return None
 
 
 def closed_how(status: WorkflowExecutionStatus | None) -> str | None:

@@ -131,7 +131,7 @@ def anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:
             if m.content:
                 blocks.append({"type": "text", "text": m.content})
             blocks.extend(
-                {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
+                {"type": "tool_use", "id": c.call_id, "name": c.name, "input": c.arguments}
                 for c in m.tool_calls
             )
             for block in blocks or [{"type": "text", "text": _EMPTY_TURN}]:

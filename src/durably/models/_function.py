@@ -83,7 +83,7 @@ class FunctionModel:
 
 def tool_call(name: str, /, call_id: str | None = None, **arguments: Any) -> ToolCall:
     """A tool call for a scripted step (`call_id` defaults to `call_<name>`)."""
-    return ToolCall(id=call_id or f"call_{name}", name=name, arguments=arguments)
+    return ToolCall(call_id=call_id or f"call_{name}", name=name, arguments=arguments)
 
 
 def final(text: str) -> AssistantMessage:

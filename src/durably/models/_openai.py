@@ -139,7 +139,7 @@ def openai_messages(request: ModelRequest) -> list[dict[str, Any]]:
             if m.tool_calls:
                 out["tool_calls"] = [
                     {
-                        "id": c.id,
+                        "id": c.call_id,
                         "type": "function",
                         "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
                     }

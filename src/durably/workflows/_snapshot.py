@@ -1,28 +1,76 @@
 """The run as an operator sees it: the `snapshot` query's answer, derived from state.
 
 A query result is never stored in history, so what this derives can change
-freely between releases; only `RunState` is carried and replayed.
+between releases; only `RunState` is carried and replayed. The typed views
+(`interactions`, `blocked_operations`, `output`, attention by reason) exist
+only here: `RunState` keeps the shape every recorded history holds.
+
+What the worker sends is another matter: clients of the previous release
+read the same query, and a query result, like any payload, must stay under
+Temporal's 2 MB. So each value travels once, in the shape every client reads
+(`outcome`, `blocked_operation`, attention's `reason` and `detail`); a
+client derives the typed views from it (`RunSnapshot` does, on parsing). A
+tool call's large arguments shown twice would push a waiting run's snapshot
+past the limit, and with it `snapshot()`, `result()` and the inbox.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from durably.contract import RunEvent, RunSnapshot, RunState, RunStatus
+from pydantic import SerializerFunctionWrapHandler, TypeAdapter, model_serializer
+
+from durably.contract import (
+    Attention,
+    Interaction,
+    OtherAttention,
+    RunAttention,
+    RunEvent,
+    RunSnapshot,
+    RunState,
+    RunStatus,
+    ToolInterrupted,
+    VersionIncompatible,
+    VersionMissing,
+)
 
 __all__ = ["build_snapshot"]
+
+_ATTENTION: TypeAdapter[ToolInterrupted | VersionMissing | VersionIncompatible | OtherAttention] = (
+    TypeAdapter(RunAttention)
+)
+
+
+# The fields a client derives from the others, never sent when it derives them exactly.
+_DERIVED = ("interactions", "blocked_operations", "output")
+
+
+class _SentSnapshot(RunSnapshot):
+    """A snapshot that serializes each value once (see the module docstring)."""
+
+    @model_serializer(mode="wrap")
+    def _once(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        full: dict[str, Any] = handler(self)
+        lean = {k: v for k, v in full.items() if k not in _DERIVED}
+        if full.get("attention") is not None:
+            lean["attention"] = {k: full["attention"][k] for k in ("reason", "detail")}
+        # Lossless or not at all: a state the legacy fields cannot express goes whole.
+        return lean if type(self).model_validate(lean) == self else full
 
 
 def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot:
     """The snapshot of run `run_id` in state `s`; `current` is its current details."""
-    return RunSnapshot(
+    return _SentSnapshot(
         run_id=run_id,
         agent_id=s.agent_id,
         agent_version=s.pin.version if s.pin else None,
         status=s.status,
-        outcome=s.outcome or _waiting_outcome(s),
+        interactions=_pending(s),
+        blocked_operations=[s.blocked_operation] if s.blocked_operation else [],
         blocked_operation=s.blocked_operation,
-        attention=s.attention,
+        attention=_attention(s.attention),
+        output=_output(s),
+        outcome=s.outcome or _waiting_outcome(s),
         turns=s.turns,
         usage=s.usage,
         events=_merged(s.events, s.audit),
@@ -31,10 +79,36 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
     )
 
 
-def _waiting_outcome(s: RunState) -> dict[str, Any] | None:
+def _pending(s: RunState) -> list[Interaction]:
+    """What waits for a person, oldest first (one interaction at a time today)."""
     if s.status != RunStatus.WAITING or s.interaction is None:
+        return []
+    return [s.interaction]
+
+
+def _attention(
+    attention: Attention | None,
+) -> ToolInterrupted | VersionMissing | VersionIncompatible | OtherAttention | None:
+    """The attention typed by its reason; its `detail` stays too, for older clients."""
+    if attention is None:
         return None
-    return {"type": "interaction", "interaction": s.interaction.model_dump(mode="json")}
+    return _ATTENTION.validate_python({"reason": attention.reason, "detail": attention.detail})
+
+
+def _output(s: RunState) -> str | None:
+    """The final answer of a completed run (None for a run that ended without text)."""
+    outcome = s.outcome or {}
+    output = outcome.get("output") if outcome.get("type") == "completed" else None
+    return output if isinstance(output, str) else None
+
+
+def _waiting_outcome(s: RunState) -> dict[str, Any] | None:
+    """The deprecated `outcome` of a waiting run whose state does not hold it (runs
+    started under the hardening patch keep one copy of the arguments, in `interaction`)."""
+    pending = _pending(s)
+    if not pending:
+        return None
+    return {"type": "interaction", "interaction": pending[0].model_dump(mode="json")}
 
 
 def _merged(events: list[RunEvent], audit: list[RunEvent]) -> list[RunEvent]:
