@@ -205,25 +205,6 @@ async def test_long_answers_to_many_questions_survive_continue_as_new(
     assert all(size < 1_000_000 for _, size in chain), chain
 
 
-def test_continue_as_new_carries_the_newest_answers_within_bounds() -> None:
-    """The newest 100 answers, in order, and never more than 256 KiB of them."""
-    from durably.workflows.agent_run import _latest_answers
-
-    def answers(count: int, size: int) -> dict[str, RespondAccepted]:
-        return {
-            f"question:{n}:q": RespondAccepted(
-                interaction_id=f"question:{n}:q", type="question", answer="x" * size
-            )
-            for n in range(count)
-        }
-
-    short = _latest_answers(answers(150, 10))
-    assert list(short) == [f"question:{n}:q" for n in range(50, 150)]
-    long = _latest_answers(answers(10, 100_000))
-    assert list(long) == ["question:8:q", "question:9:q"]
-    assert _latest_answers(answers(3, 300_000)) == {}
-
-
 APPROVALS = 8
 
 

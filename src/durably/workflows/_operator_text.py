@@ -14,12 +14,30 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from durably._text import md_code, md_text
-    from durably.contract import RESPOND_SIGNAL, Attention, Interaction
+    from durably.contract import RESPOND_SIGNAL, Attention, Interaction, RunState, RunStatus
     from durably.tools import render_result
 
-__all__ = ["attention_details", "failed_details", "waiting_details"]
+__all__ = ["attention_details", "failed_details", "status_details", "waiting_details"]
 
 _ARGS_SHOWN = 1_000
+
+
+def status_details(run_id: str, s: RunState) -> str | None:
+    """What a run that is not running shows (None for a running one: what it runs does)."""
+    if s.status == RunStatus.NEEDS_ATTENTION:
+        attention = s.attention
+        detail = attention.detail if attention else {}
+        error = str(detail.get("last_error") or (attention.reason if attention else "unknown"))
+        return attention_details(run_id, s.blocked_operation, attention, error)
+    if s.status == RunStatus.FAILED:
+        return failed_details(run_id, s.error or "", s.retryable)
+    if s.status == RunStatus.WAITING and s.interaction is not None:
+        return waiting_details(run_id, s.interaction)
+    if s.status == RunStatus.COMPLETED:
+        return f"Completed after {s.turns} turn(s)"
+    if s.status == RunStatus.CANCELLED:
+        return "Cancelled"
+    return None
 
 
 def waiting_details(run_id: str, interaction: Interaction) -> str:

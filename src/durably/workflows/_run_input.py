@@ -30,15 +30,18 @@ from temporalio.common import RawValue
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from durably._transcript import EMPTY_DIGEST
     from durably.contract import (
         CONTROL_CHARACTERS,
         MAX_NAME_CHARS,
         MAX_RUN_INPUT_BYTES,
         RunInput,
+        RunState,
+        RunStatus,
     )
     from durably.workflows._validation import short
 
-__all__ = ["EXPECTED", "decode_arguments", "one_raw_argument", "read_run_input"]
+__all__ = ["EXPECTED", "decode_arguments", "initial_state", "one_raw_argument", "read_run_input"]
 
 EXPECTED = '{"agent_id": "...", "input": "...", "version": null}'
 _MAX_VERSION_CHARS = MAX_NAME_CHARS
@@ -147,3 +150,52 @@ def _problem(run_input: RunInput, info: workflow.Info) -> str | None:
             "run ids appear in operation ids, logs and terminals: start the run with a plain id"
         )
     return None
+
+
+def initial_state(
+    payload: tuple[Any, ...], info: workflow.Info, *, hardened: bool
+) -> tuple[RunState, str | None]:
+    """The run's state from its start input, and why the input was refused (None: it was
+    not; the state is then a failed run's)."""
+    values, problem = decode_arguments(payload)
+    run_input: RunInput | None = None
+    if hardened:
+        if problem is None:
+            run_input, problem = read_run_input(values, info)
+    elif problem is not None:  # 0.1.0 failed the task on it
+        raise RuntimeError(problem)
+    else:  # 0.1.0 trusted its input; its histories replay as they ran
+        run_input = RunInput.model_validate(values[0])
+    if run_input is None or problem is not None:
+        refused = RunState(
+            agent_id=_agent_id_of(values),
+            input="",
+            digest=EMPTY_DIGEST,
+            status=RunStatus.FAILED,
+            error=problem,
+            retryable=False,
+        )
+        return refused, problem
+    state = run_input.carried or RunState(
+        agent_id=run_input.agent_id,
+        input=run_input.input,
+        requested_version=run_input.version,
+        digest=EMPTY_DIGEST,
+        chain=info.first_execution_run_id if hardened else None,
+    )
+    if not state.input:  # carried without it: see _continuation
+        state.input = run_input.input
+    return state, None
+
+
+def _agent_id_of(payload: tuple[Any, ...]) -> str:
+    """The agent a refused input names, if it names one plainly (for the run's listing)."""
+    raw = payload[0] if len(payload) == 1 and isinstance(payload[0], dict) else {}
+    agent_id = raw.get("agent_id")
+    if (
+        isinstance(agent_id, str)
+        and 0 < len(agent_id) <= MAX_NAME_CHARS
+        and not CONTROL_CHARACTERS.search(agent_id)
+    ):
+        return agent_id
+    return ""

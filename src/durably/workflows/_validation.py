@@ -1,10 +1,10 @@
 """Checks behind the update validators and the signal handler.
 
-Pure functions of the run's state: they run inside validators, which must
-not change anything, and they only ever raise. A rejection raised here never
-reaches history; its `ApplicationError.type` names the durably error the
-client raises (`DurableConflictError`, `InteractionConflictError`,
-`InvalidResponseError`).
+Pure functions of the run's state (no Temporal here): they run inside
+validators, which must not change anything, and they only ever raise
+`Rejected`. The workflow turns a rejection into an `ApplicationError` whose
+type names the durably error the client raises (`ErrorType`); raised from a
+validator, it never reaches history.
 """
 
 from __future__ import annotations
@@ -12,40 +12,36 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+import jsonschema
+from pydantic import TypeAdapter, ValidationError
 
-with workflow.unsafe.imports_passed_through():
-    import jsonschema
-    from pydantic import TypeAdapter, ValidationError
-
-    from durably._digests import response_digest
-    from durably.contract import (
-        CONTROL_CHARACTERS,
-        MAX_ANSWER_BYTES,
-        MAX_NAME_CHARS,
-        MAX_REASON_CHARS,
-        MAX_TOKEN_CHARS,
-        ApprovalResponse,
-        ErrorResolution,
-        JsonResolution,
-        QuestionResponse,
-        RerunResolution,
-        Resolution,
-        ResolveToolRequest,
-        RespondAccepted,
-        RespondRequest,
-        Response,
-        RunState,
-        RunStatus,
-    )
-    from durably.messages import AssistantMessage, ToolCall
+from durably._digests import response_digest
+from durably.contract import (
+    CONTROL_CHARACTERS,
+    MAX_ANSWER_BYTES,
+    MAX_NAME_CHARS,
+    MAX_REASON_CHARS,
+    MAX_TOKEN_CHARS,
+    ApprovalResponse,
+    ErrorResolution,
+    ErrorType,
+    JsonResolution,
+    QuestionResponse,
+    RerunResolution,
+    Resolution,
+    ResolveToolRequest,
+    RespondAccepted,
+    RespondRequest,
+    Response,
+    RunState,
+    RunStatus,
+)
 
 __all__ = [
+    "Rejected",
     "check_resolution",
     "check_response",
     "check_retry",
-    "find_call",
     "parse_request",
     "rejection",
     "short",
@@ -70,22 +66,31 @@ def parse_request(model: type[Any], payload: tuple[Any, ...], what: str) -> Any:
     """The one `model` argument of an update or signal, or an InvalidResponseError."""
     if len(payload) != 1:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"{what} takes one argument, a {model.__name__} object; got {len(payload)}",
         )
     try:
         return model.model_validate(payload[0])
     except ValidationError as err:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"{what} takes a {model.__name__} object; got {short(payload[0])} "
             f"({_first_error(err)})",
         ) from None
 
 
-def rejection(kind: str, message: str) -> ApplicationError:
+class Rejected(Exception):
+    """A request the run refuses; `kind` names the error the client raises."""
+
+    def __init__(self, kind: ErrorType, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def rejection(kind: ErrorType, message: str) -> Rejected:
     """A rejection the client maps back to the durably error named `kind`."""
-    return ApplicationError(message, type=kind, non_retryable=True)
+    return Rejected(kind, message)
 
 
 def check_resolution(
@@ -94,20 +99,20 @@ def check_resolution(
     """The resolution, if the run accepts it now (`strict`: bounded, as responses are)."""
     if s.status != RunStatus.NEEDS_ATTENTION or s.blocked_operation is None:
         raise rejection(
-            "DurableConflictError",
+            ErrorType.DURABLE_CONFLICT,
             f"run {run_id!r} is {s.status.value}, not needs_attention; resolve_tool applies "
             "only to a run blocked on an interrupted tool call",
         )
     if request.operation != s.blocked_operation:
         raise rejection(
-            "DurableConflictError",
+            ErrorType.DURABLE_CONFLICT,
             f"run {run_id!r} is blocked on {s.blocked_operation!r}, not "
             f"{short(request.operation)}; resolve the blocked operation",
         )
     if s.attention is None or s.attention.reason != "tool_interrupted":
         reason = s.attention.reason if s.attention else "unknown"
         raise rejection(
-            "DurableConflictError",
+            ErrorType.DURABLE_CONFLICT,
             f"run {run_id!r} is blocked by {reason}, not an interrupted tool; fix the cause, "
             "then call retry()",
         )
@@ -115,7 +120,7 @@ def check_resolution(
         resolution = _RESOLUTION.validate_python(request.resolution)
     except ValidationError as err:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             "a resolution is {'type': 'json', 'value': ...}, "
             "{'type': 'error', 'message': '...'} or {'type': 'rerun'}; "
             f"got {short(request.resolution)} ({_first_error(err)})",
@@ -128,7 +133,7 @@ def check_resolution(
         problem = _schema_problem(s.pin.tools[tool].output_schema, resolution.value)
         if problem is not None:
             raise rejection(
-                "InvalidResponseError",
+                ErrorType.INVALID_RESPONSE,
                 f"the value does not fit the output schema of tool {tool!r}: {problem}",
             )
     return resolution
@@ -138,7 +143,7 @@ def _check_resolution_size(resolution: JsonResolution | ErrorResolution | RerunR
     """A resolution becomes the call's result, read by the model: bounded like an answer."""
     if isinstance(resolution, ErrorResolution) and len(resolution.message) > MAX_REASON_CHARS:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"the error message is {len(resolution.message):,} characters; it may be at most "
             f"{MAX_REASON_CHARS:,}: say briefly what happened, the model reads it",
         )
@@ -148,7 +153,7 @@ def _check_resolution_size(resolution: JsonResolution | ErrorResolution | RerunR
         )
         if size > MAX_ANSWER_BYTES:
             raise rejection(
-                "InvalidResponseError",
+                ErrorType.INVALID_RESPONSE,
                 f"the value is {size:,} bytes of JSON; a resolution may be at most "
                 f"{MAX_ANSWER_BYTES:,} (what the tool returns to the model, not a document)",
             )
@@ -159,7 +164,7 @@ def check_retry(run_id: str, s: RunState) -> None:
     if s.status == RunStatus.NEEDS_ATTENTION and s.attention is not None:
         if s.attention.reason == "tool_interrupted":
             raise rejection(
-                "DurableConflictError",
+                ErrorType.DURABLE_CONFLICT,
                 f"run {run_id!r} is blocked on the interrupted manual tool call "
                 f"{s.blocked_operation!r}; retry() never repeats a manual call. Check the "
                 "external system, then resolve_tool it (json, error, or rerun)",
@@ -167,13 +172,13 @@ def check_retry(run_id: str, s: RunState) -> None:
         return
     if s.status != RunStatus.FAILED:
         raise rejection(
-            "DurableConflictError",
+            ErrorType.DURABLE_CONFLICT,
             f"run {run_id!r} is {s.status.value}; retry() applies only to failed or "
             "needs_attention runs",
         )
     if not s.retryable:
         raise rejection(
-            "DurableConflictError",
+            ErrorType.DURABLE_CONFLICT,
             f"run {run_id!r} failed for a reason retrying cannot fix ({s.error}); cancel it "
             "and start a new run",
         )
@@ -195,7 +200,7 @@ def check_response(
     if pending is None and answered is None:
         now = f"the pending one is {s.interaction.id!r}" if s.interaction else "none is pending"
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"run {run_id!r} has no interaction {short(iid)} ({now}); read the run's snapshot "
             "for the interaction to answer",
         )
@@ -209,13 +214,13 @@ def check_response(
         response = _RESPONSE.validate_python(request.response, strict=strict)
     except ValidationError as err:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"interaction {iid!r} is a {kind}; respond with {example} "
             f"(got {short(request.response)}: {_first_error(err)})",
         ) from None
     if response.type != kind:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"interaction {iid!r} is a {kind}, not a {response.type}; respond with {example}",
         )
     if strict:
@@ -223,7 +228,7 @@ def check_response(
     digest = pending.args_digest if pending is not None else answered.args_digest  # type: ignore[union-attr]
     if isinstance(response, ApprovalResponse) and response.args_digest not in (None, digest):
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"args_digest {short(response.args_digest)} does not match the call awaiting "
             f"approval ({digest!r}): the arguments differ from what you reviewed. Read the "
             "interaction again and approve what it shows",
@@ -231,7 +236,7 @@ def check_response(
     signed = pending.signed if pending is not None else False
     if strict and signed and isinstance(response, ApprovalResponse) and not response.token:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"interaction {iid!r} needs a signed decision: tool {pending.tool!r} accepts "  # type: ignore[union-attr]
             "approvals and denials only with a 'token' made by durably.approvals.ApprovalKeys "
             "from a key the worker holds, for an approver on the registration's allow-list",
@@ -263,7 +268,7 @@ def check_response(
     if _decision(answered) == _decision(accepted):
         return answered, False, response
     raise rejection(
-        "InteractionConflictError",
+        ErrorType.INTERACTION_CONFLICT,
         f"interaction {iid!r} was already answered ({_describe(answered)}); a different "
         "response cannot replace it",
     )
@@ -274,7 +279,7 @@ def _check_bounds(request: RespondRequest, response: ApprovalResponse | Question
     for field, value in (("responder", request.responder), ("identity", request.identity)):
         if value is not None and (len(value) > MAX_NAME_CHARS or CONTROL_CHARACTERS.search(value)):
             raise rejection(
-                "InvalidResponseError",
+                ErrorType.INVALID_RESPONSE,
                 f"{field} must be at most {MAX_NAME_CHARS} characters with no control "
                 f"characters; got {short(value, 60)}",
             )
@@ -282,7 +287,7 @@ def _check_bounds(request: RespondRequest, response: ApprovalResponse | Question
         size = len(response.answer.encode("utf-8", "surrogatepass"))
         if size > MAX_ANSWER_BYTES:
             raise rejection(
-                "InvalidResponseError",
+                ErrorType.INVALID_RESPONSE,
                 f"the answer is {size:,} bytes; an answer may be at most {MAX_ANSWER_BYTES:,} "
                 "bytes (it is a person's text for the model, stored in the run's history). "
                 "Put a large document where the agent's tools can read it and answer with "
@@ -291,26 +296,16 @@ def _check_bounds(request: RespondRequest, response: ApprovalResponse | Question
         return
     if response.reason is not None and len(response.reason) > MAX_REASON_CHARS:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"the reason is {len(response.reason):,} characters; a reason may be at most "
             f"{MAX_REASON_CHARS:,}: say briefly why, the model reads it",
         )
     if response.token is not None and len(response.token) > MAX_TOKEN_CHARS:
         raise rejection(
-            "InvalidResponseError",
+            ErrorType.INVALID_RESPONSE,
             f"the token is {len(response.token):,} characters; a signed approval token is at "
             f"most {MAX_TOKEN_CHARS} (made by durably.approvals.ApprovalKeys.sign)",
         )
-
-
-def find_call(s: RunState, key: str) -> ToolCall:
-    """The committed tool call behind checkpoint key `tool:{turn}:{call_id}`."""
-    _, turn, call_id = key.split(":", 2)
-    assistant = [m for m in s.transcript if isinstance(m, AssistantMessage)]
-    for c in assistant[int(turn) - 1].tool_calls if int(turn) <= len(assistant) else ():
-        if c.id == call_id:
-            return c
-    raise LookupError(f"no tool call {call_id!r} in turn {turn}")
 
 
 def _decision(a: RespondAccepted) -> tuple[Any, ...]:

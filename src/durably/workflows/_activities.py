@@ -1,0 +1,203 @@
+"""Every activity the run executes, in one place, and what their failures mean.
+
+Each activity has a fixed name that dispatches through the worker's registry
+and an activity id equal to its checkpoint key (`OperationKey`), so a renamed
+function or a new agent never changes a history. Retry settings come from
+the pinned registration: a tool's from its recovery policy, the model's from
+`model_retry`. Temporal glue only; the decisions are `RunMachine`'s.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
+from temporalio.workflow import ActivityCancellationType
+
+with workflow.unsafe.imports_passed_through():
+    from durably.contract import (
+        ACTIVITY_MODEL,
+        ACTIVITY_PIN,
+        ACTIVITY_RESTORE,
+        ACTIVITY_TOOL,
+        ACTIVITY_VERIFY_APPROVAL,
+        AgentPin,
+        ModelCallInput,
+        ModelCallResult,
+        PinRequest,
+        RetrySpec,
+        ToolCallInput,
+        TranscriptArchive,
+        TranscriptPage,
+        TranscriptRestoreRequest,
+        VerifyApprovalRequest,
+    )
+    from durably.messages import ToolResultMessage
+    from durably.workflows._machine import PIN, OperationKey
+
+__all__ = [
+    "describe",
+    "failure_details",
+    "model_request",
+    "pin_agent",
+    "restore_page",
+    "tool_call",
+    "verify_approval",
+]
+
+R = TypeVar("R")
+# Crashed model requests (worker died, timed out) run again even without
+# model_retry: a model request has no side effect.
+_MODEL_CRASH_ATTEMPTS = 3
+# How long an operation's error message stays in state.
+_ERROR_KEPT = 2_000
+
+
+async def pin_agent(request: PinRequest) -> AgentPin:
+    """The registration the run is pinned to, as a local activity in the run's first
+    workflow task: a round trip and an activity fewer per run."""
+    pin: AgentPin = await workflow.execute_local_activity(
+        ACTIVITY_PIN,
+        request,
+        result_type=AgentPin,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=3),
+        activity_id=str(PIN),
+        summary=f"pin agent {request.agent_id}",
+    )
+    return pin
+
+
+async def model_request(pin: AgentPin, request: ModelCallInput, turn: int) -> ModelCallResult:
+    retry = pin.model_retry or RetrySpec(max_attempts=_MODEL_CRASH_ATTEMPTS)
+    return await _execute(
+        ACTIVITY_MODEL,
+        request,
+        ModelCallResult,
+        key=request.key,
+        summary=f"model turn {turn}",
+        start_to_close_s=pin.model_start_to_close_s,
+        heartbeat_s=pin.model_heartbeat_timeout_s,
+        retry=_retry_policy(retry),
+    )
+
+
+async def tool_call(pin: AgentPin, request: ToolCallInput) -> ToolResultMessage:
+    policy = pin.tools[request.call.name]
+    return await _execute(
+        ACTIVITY_TOOL,
+        request,
+        ToolResultMessage,
+        key=request.key,
+        summary=f"tool {request.call.name}",
+        start_to_close_s=policy.start_to_close_s,
+        heartbeat_s=policy.heartbeat_timeout_s,
+        retry=_retry_policy(policy.retry),
+    )
+
+
+async def restore_page(
+    archive: TranscriptArchive, offset: int, *, hardened: bool
+) -> TranscriptPage:
+    """A page of the previous run's transcript; it has no side effect, so a hardened run
+    retries it until it comes."""
+    page: TranscriptPage = await workflow.execute_activity(
+        ACTIVITY_RESTORE,
+        TranscriptRestoreRequest(archive=archive, offset=offset),
+        result_type=TranscriptPage,
+        start_to_close_timeout=timedelta(minutes=10),
+        heartbeat_timeout=timedelta(seconds=30),
+        retry_policy=(
+            RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(minutes=1))
+            if hardened
+            else RetryPolicy(maximum_attempts=10)
+        ),
+        activity_id=str(OperationKey.restore(offset)),
+        summary=f"restore transcript from message {offset}",
+    )
+    if not page.messages:  # fail the task (it retries), never the run
+        raise RuntimeError(
+            f"restoring the transcript returned no messages at {offset} of {archive.length}; "
+            "this is a bug in durably, please report it"
+        )
+    return page
+
+
+async def verify_approval(request: VerifyApprovalRequest) -> str:
+    """Why a signed decision is not valid ("" when it is), checked by the worker with
+    keys history never sees."""
+    problem: str = await workflow.execute_local_activity(
+        ACTIVITY_VERIFY_APPROVAL,
+        request,
+        result_type=str,
+        start_to_close_timeout=timedelta(seconds=10),
+        retry_policy=RetryPolicy(maximum_attempts=3),
+        summary=f"verify approval {request.interaction_id}",
+    )
+    return problem
+
+
+async def _execute(
+    name: str,
+    request: Any,
+    result_type: type[R],
+    *,
+    key: str,
+    summary: str,
+    start_to_close_s: float,
+    heartbeat_s: float,
+    retry: RetryPolicy,
+) -> R:
+    """An operation's activity: its id is its key, and a cancelled run waits for it to
+    stop (`WAIT_CANCELLATION_COMPLETED`): its outcome is known before the run ends."""
+    result: R = await workflow.execute_activity(
+        name,
+        request,
+        result_type=result_type,
+        start_to_close_timeout=timedelta(seconds=start_to_close_s),
+        heartbeat_timeout=timedelta(seconds=heartbeat_s),
+        retry_policy=retry,
+        cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        activity_id=key,
+        summary=summary,
+    )
+    return result
+
+
+def _retry_policy(spec: RetrySpec) -> RetryPolicy:
+    return RetryPolicy(
+        maximum_attempts=spec.max_attempts,
+        initial_interval=timedelta(milliseconds=spec.initial_delay_ms),
+        maximum_interval=timedelta(milliseconds=spec.max_delay_ms),
+        backoff_coefficient=2.0,
+    )
+
+
+def _cause(err: FailureError) -> BaseException | None:
+    """What made an operation fail: an activity's cause, or a local activity's own error."""
+    return err.cause if isinstance(err, ActivityError) else err
+
+
+def describe(err: FailureError) -> str:
+    """An operation's failure in words, bounded: it is kept in state and carried."""
+    cause = _cause(err)
+    if isinstance(cause, ActivityTimeoutError):
+        return f"activity timed out ({cause.type.name if cause.type else 'unknown'})"
+    text = str(cause.message if hasattr(cause, "message") else cause) if cause else str(err)
+    if len(text) > _ERROR_KEPT:
+        text = f"{text[:_ERROR_KEPT]}... ({len(text)} characters)"
+    return text
+
+
+def failure_details(err: FailureError) -> dict[str, Any] | None:
+    """The details an activity's failure carried (a version problem names its reason)."""
+    cause = _cause(err)
+    if isinstance(cause, ApplicationError) and cause.details:
+        detail = cause.details[0]
+        if isinstance(detail, dict):
+            return detail
+    return None

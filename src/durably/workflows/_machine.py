@@ -1,0 +1,688 @@
+"""The decisions of one run, over `RunState`, with no Temporal in sight.
+
+`AgentRunWorkflow` asks `RunMachine` what comes next, tells it what
+happened, and carries out what it decides (activities, timers, handlers,
+search attributes). Everything here is a function of the state, the inputs
+and an injected clock, so every transition is unit-tested without a server
+(tests/test_run_machine.py), and replay sees the same decisions.
+
+The status transitions (SPEC section 3); each happens in one method here:
+
+======================  ===================  ==========================================
+from                    to                   when (method)
+======================  ===================  ==========================================
+running                 waiting              a call needs a person (`ask`)
+waiting                 running              answered, denied, timed out (`take_answer`)
+running                 needs_attention      a manual call's outcome is unknown, the
+                                             pinned version is missing or changed (`park`)
+running                 failed               an operation failed for good, no turns left
+                                             (`park`), the start input was refused
+                                             (`refuse_input`)
+needs_attention/failed  running              an operator decided (`decided`)
+running                 completed            a final answer (`complete`)
+any unfinished          cancelled            the run was cancelled (`cancel`)
+======================  ===================  ==========================================
+
+A turn holds a set of operations: `next_step` hands out every call of the
+latest model answer that has no result yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from durably._digests import args_digest, policy_digest
+from durably._transcript import extend_digest
+from durably.contract import (
+    PIN_DIGEST_PREFIX,
+    AgentPin,
+    ApprovalResponse,
+    Attention,
+    ErrorResolution,
+    ErrorType,
+    EventType,
+    Interaction,
+    JsonResolution,
+    MessageRef,
+    ModelCallResult,
+    QuestionResponse,
+    RerunResolution,
+    ResolveToolRequest,
+    RespondAccepted,
+    RespondRequest,
+    RunEvent,
+    RunResult,
+    RunState,
+    RunStatus,
+    ToolPolicy,
+    VerifyApprovalRequest,
+    operation_id,
+)
+from durably.messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from durably.tools import render_result
+from durably.workflows._validation import (
+    check_resolution,
+    check_response,
+    check_retry,
+    rejection,
+    short,
+)
+
+__all__ = [
+    "CallTools",
+    "ContinueAsNew",
+    "Decision",
+    "OperationKey",
+    "OutOfTurns",
+    "RequestModel",
+    "RunMachine",
+    "Step",
+]
+
+Decision = JsonResolution | ErrorResolution | RerunResolution | Literal["retry"]
+
+_EVENTS_KEPT = 50
+_DETAIL_KEPT = 1_000
+# The latest events of each of these kinds stay in the snapshot whatever
+# else happens (a flood of rejected signals must not hide who approved what).
+_AUDIT_KINDS: dict[str, str] = {
+    EventType.APPROVED: "decision",
+    EventType.DENIED: "decision",
+    EventType.ANSWERED: "decision",
+    EventType.TIMED_OUT: "decision",
+    EventType.RESOLVED_JSON: "resolution",
+    EventType.RESOLVED_ERROR: "resolution",
+    EventType.RESOLVED_RERUN: "resolution",
+    EventType.RETRIED: "retry",
+    EventType.RUN_CANCELLED: "cancel",
+}
+# Events that repeat in a row become one entry with a count.
+_COALESCED = {EventType.RESPONSE_REJECTED, EventType.SIGNAL_REJECTED}
+_PARKED = (RunStatus.FAILED, RunStatus.NEEDS_ATTENTION)
+# Text from outside (the run's input, an answer) larger than this reaches the
+# model activity by reference, not as a second copy in its input.
+INLINE_LIMIT = 8 * 2**10
+# Attention reasons an activity's failure details may name.
+_VERSION_REASONS = ("version_missing", "version_incompatible")
+
+
+@dataclass(frozen=True)
+class OperationKey:
+    """An operation's checkpoint key: the activity id, and part of its operation id.
+
+    The run protocol writes it as `pin`, `model:{turn}`, `tool:{turn}:{call_id}`
+    or `restore:{offset}` (in activity ids and in state); `parse` reads that
+    form back, in this one place.
+    """
+
+    kind: Literal["pin", "model", "tool", "restore"]
+    turn: int = 0
+    call_id: str = ""
+    offset: int = 0
+
+    @classmethod
+    def model(cls, turn: int) -> OperationKey:
+        return cls("model", turn=turn)
+
+    @classmethod
+    def tool(cls, turn: int, call_id: str) -> OperationKey:
+        return cls("tool", turn=turn, call_id=call_id)
+
+    @classmethod
+    def restore(cls, offset: int) -> OperationKey:
+        return cls("restore", offset=offset)
+
+    @classmethod
+    def parse(cls, text: str) -> OperationKey:
+        kind, _, rest = text.partition(":")
+        if kind == "model":
+            return cls.model(int(rest))
+        if kind == "tool":
+            turn, _, call_id = rest.partition(":")
+            return cls.tool(int(turn), call_id)
+        if kind == "restore":
+            return cls.restore(int(rest))
+        if kind == "pin" and not rest:
+            return cls("pin")
+        raise ValueError(f"not an operation key: {text!r}")
+
+    def interaction_id(self, policy: ToolPolicy) -> str:
+        """The id of the interaction a person answers for this tool call."""
+        return f"{'question' if policy.question else 'approval'}:{self.turn}:{self.call_id}"
+
+    def __str__(self) -> str:
+        if self.kind == "model":
+            return f"model:{self.turn}"
+        if self.kind == "tool":
+            return f"tool:{self.turn}:{self.call_id}"
+        if self.kind == "restore":
+            return f"restore:{self.offset}"
+        return "pin"
+
+
+PIN = OperationKey("pin")
+
+
+@dataclass(frozen=True)
+class CallTools:
+    """Run these calls of turn `turn` (those of the latest answer without a result)."""
+
+    turn: int
+    calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
+class ContinueAsNew:
+    """The history nears Temporal's limits: carry the state into a new run."""
+
+
+@dataclass(frozen=True)
+class OutOfTurns:
+    """The agent used all its turns without a final answer: the run fails."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class RequestModel:
+    """Ask the model for turn `turn`."""
+
+    turn: int
+    key: OperationKey
+
+
+Step = CallTools | ContinueAsNew | OutOfTurns | RequestModel
+
+
+class RunMachine:
+    """One run's state and every decision about it.
+
+    `clock` gives the time events are stamped with (the workflow's clock);
+    `hardened` is whether the run is under the hardening patch, which
+    changes what some decisions do (see `agent_run.PATCH_HARDENED`).
+    """
+
+    def __init__(
+        self, state: RunState, *, run_id: str, hardened: bool, clock: Callable[[], datetime]
+    ) -> None:
+        self.s = state
+        self.run_id = run_id
+        self.hardened = hardened
+        self._clock = clock
+        # What an operator decided for the parked operation, until the run applies it.
+        self.decision: Decision | None = None
+        # A response's reason and answer, by interaction, until the run consumes
+        # them (a hardened acceptance keeps only a digest of them).
+        self._texts: dict[str, tuple[str | None, str | None]] = {}
+        self._pin_digest: str | None = None
+
+    @property
+    def pin(self) -> AgentPin:
+        if self.s.pin is None:
+            raise RuntimeError("internal: the run has no pinned agent")
+        return self.s.pin
+
+    def pin_check(self) -> str:
+        """What activities compare with their registration: the fingerprint (0.1.0), or
+        a digest of the policies the run applies (not just a copyable name)."""
+        if not self.hardened:
+            return self.pin.fingerprint
+        if self._pin_digest is None:
+            self._pin_digest = PIN_DIGEST_PREFIX + policy_digest(self.pin)
+        return self._pin_digest
+
+    # -- what comes next -------------------------------------------------------------
+
+    def unfinished_calls(self) -> list[ToolCall]:
+        """The calls of the latest model answer that have no result yet, in call order."""
+        for results, message in enumerate(reversed(self.s.transcript)):
+            if isinstance(message, AssistantMessage):
+                return list(message.tool_calls[results:])
+            if not isinstance(message, ToolResultMessage):
+                return []
+        return []
+
+    def next_step(self, history_nearly_full: Callable[[], bool]) -> Step:
+        """What the run does next: finish the turn's calls, continue as new, or a turn."""
+        calls = self.unfinished_calls()
+        if calls:
+            return CallTools(self.s.turns, calls)
+        if history_nearly_full():
+            return ContinueAsNew()
+        turn = self.s.turns + 1
+        if turn > self.pin.max_turns:
+            return OutOfTurns(
+                f"the agent used all {self.pin.max_turns} turns (max_turns) without a "
+                "final answer; raise Agent.max_turns in a new version, or change the "
+                "instructions so the model finishes sooner"
+            )
+        return RequestModel(turn, OperationKey.model(turn))
+
+    def call_of(self, key: OperationKey) -> ToolCall:
+        """The committed tool call behind a tool key."""
+        assistant = [m for m in self.s.transcript if isinstance(m, AssistantMessage)]
+        calls = assistant[key.turn - 1].tool_calls if 0 < key.turn <= len(assistant) else []
+        for call in calls:
+            if call.call_id == key.call_id:
+                return call
+        raise LookupError(f"no tool call {key.call_id!r} in turn {key.turn}")
+
+    def parked_on(self, key: OperationKey | None) -> bool:
+        """The run is parked on `key` (it continued as new while parked there)."""
+        s = self.s
+        where = str(key) if key else None
+        return s.status in _PARKED and where == (s.blocked_operation or s.failed_operation)
+
+    def needs_person(self, key: OperationKey, call: ToolCall) -> ToolPolicy | None:
+        """The call's policy, if a person must approve or answer it first (and has not:
+        a run parked on the call after continuing as new had it approved already)."""
+        policy = self.pin.tools[call.name]
+        if (policy.requires_approval or policy.question) and not self.parked_on(key):
+            return policy
+        return None
+
+    # -- the transcript ----------------------------------------------------------------
+
+    def append(self, message: Message, *, ref: str | None = None) -> None:
+        s = self.s
+        if ref is not None:
+            s.refs[len(s.transcript)] = ref
+        s.transcript.append(message)
+        s.digest = extend_digest(s.digest, message)
+
+    def outside_ref(self, ref: str, text: str) -> str | None:
+        """Send `text` to the model activity by reference when it is large (hardened runs):
+        it is in history once already, as the run's input or a person's response."""
+        if self.hardened and len(text.encode("utf-8", "surrogatepass")) > INLINE_LIMIT:
+            return ref
+        return None
+
+    def unsent(self) -> list[Message | MessageRef]:
+        """What the model has not seen yet: activity results by reference, the rest inline."""
+        s = self.s
+        return [
+            MessageRef(ref=s.refs[i]) if i in s.refs else m
+            for i, m in enumerate(s.transcript[s.sent_length :], start=s.sent_length)
+        ]
+
+    def sent(self) -> None:
+        """The model request saw the whole transcript."""
+        self.s.sent_length = len(self.s.transcript)
+        self.s.refs.clear()
+
+    # -- transitions -----------------------------------------------------------------
+
+    def pinned(self, pin: AgentPin) -> None:
+        self.s.pin = pin
+        self.event(EventType.AGENT_PINNED, detail=f"{pin.agent_id}@{pin.version}")
+        self.append(UserMessage(content=self.s.input), ref=self.outside_ref("input", self.s.input))
+
+    def model_answered(self, step: RequestModel, answer: ModelCallResult) -> bool:
+        """Commit the model's answer for the turn; True if it is the final answer."""
+        s = self.s
+        s.turns = step.turn
+        s.usage = s.usage + answer.usage
+        calls = answer.message.tool_calls
+        s.call_errors = dict(answer.call_errors)
+        self.append(answer.message, ref=str(step.key))
+        self.event(
+            EventType.MODEL_COMPLETED,
+            str(step.key),
+            f"{len(calls)} tool call(s)" if calls else "final answer",
+        )
+        return not calls
+
+    def reject_call(self, key: OperationKey, call: ToolCall) -> bool:
+        """Commit the error result of a call the model answer already made invalid."""
+        rejected = self.s.call_errors.get(call.call_id)
+        if rejected is None:
+            return False
+        self.append(_error_result(call, rejected))
+        self.event(EventType.TOOL_REJECTED, str(key), rejected)
+        return True
+
+    def tool_done(
+        self, key: OperationKey, call: ToolCall, result: ToolResultMessage, *, resolved: bool
+    ) -> None:
+        """Commit a call's result: the tool's own, or one an operator resolved."""
+        if resolved:
+            ref = self.outside_ref(f"resolution:{key}", result.content)
+            event = EventType.TOOL_RESOLVED
+        else:
+            ref = str(key)
+            event = EventType.TOOL_ERROR if result.is_error else EventType.TOOL_COMPLETED
+        self.append(result, ref=ref)
+        self.event(event, str(key), result.content[:200] if result.is_error else call.name)
+
+    def resolved_result(
+        self, call: ToolCall, resolution: JsonResolution | ErrorResolution
+    ) -> ToolResultMessage:
+        """The result an operator supplied for an interrupted call."""
+        if isinstance(resolution, JsonResolution):
+            return ToolResultMessage(
+                call_id=call.call_id, tool=call.name, content=render_result(resolution.value)
+            )
+        return _error_result(call, resolution.message)
+
+    def ask(
+        self, key: OperationKey, call: ToolCall, policy: ToolPolicy, *, now: datetime
+    ) -> Interaction:
+        """Wait for a person on this call: the run is waiting (again, if it continued as new
+        while waiting: the arguments were left in the transcript, not carried)."""
+        s = self.s
+        iid = key.interaction_id(policy)
+        if s.interaction is not None and s.interaction.id == iid:
+            s.interaction = s.interaction.model_copy(
+                update={"args": call.arguments, "question": _question(call, policy)}
+            )
+            return s.interaction
+        kind: Literal["tool-approval", "question"] = (
+            "question" if policy.question else "tool-approval"
+        )
+        interaction = Interaction(
+            id=iid,
+            type=kind,
+            operation=str(key),
+            tool=call.name,
+            args=call.arguments,
+            args_digest=args_digest(call.arguments),
+            question=_question(call, policy),
+        )
+        if self.hardened:
+            interaction.operation_id = operation_id(self.run_id, s.chain, str(key))
+            interaction.signed = policy.signed_approval and not policy.question
+            if policy.approval_timeout_s:
+                interaction.expires_at = now + timedelta(seconds=policy.approval_timeout_s)
+        s.status = RunStatus.WAITING
+        s.interaction = interaction
+        if not self.hardened:  # later runs derive it in the snapshot: one copy of the args
+            s.outcome = {"type": "interaction", "interaction": interaction.model_dump(mode="json")}
+        self.event(EventType.WAITING, str(key), f"{kind} {interaction.id}")
+        return interaction
+
+    def deadline(
+        self, interaction: Interaction, policy: ToolPolicy, now: datetime
+    ) -> datetime | None:
+        """When nobody answering answers for a person (0.1.0 kept no deadline in state)."""
+        if interaction.expires_at is None and policy.approval_timeout_s:
+            return now + timedelta(seconds=policy.approval_timeout_s)
+        return interaction.expires_at
+
+    def answered(self, interaction: Interaction) -> bool:
+        return interaction.id in self.s.answered
+
+    def time_out(self, interaction: Interaction, policy: ToolPolicy) -> None:
+        """Nobody answered in time: a denial (or an unanswered question) in the person's place."""
+        what = "question" if policy.question else "approval"
+        self.s.answered[interaction.id] = RespondAccepted(
+            interaction_id=interaction.id,
+            type=interaction.type,
+            approved=False,
+            reason=f"{what} timed out",
+            args_digest=interaction.args_digest,
+        )
+        self.event(
+            EventType.TIMED_OUT,
+            interaction.id,
+            f"no response within {policy.approval_timeout_s:g} s",
+        )
+
+    def take_answer(self, interaction: Interaction, call: ToolCall) -> ToolResultMessage | None:
+        """The run is running again; None means approved (the call runs), else the call's
+        result (denied, answered, timed out), already committed."""
+        s = self.s
+        accepted = s.answered[interaction.id]
+        reason, answer = self._texts.pop(interaction.id, (accepted.reason, accepted.answer))
+        s.status = RunStatus.RUNNING
+        s.interaction = None
+        s.outcome = None
+        if accepted.type == "question" and answer is not None:
+            result = ToolResultMessage(call_id=call.call_id, tool=call.name, content=answer)
+        elif accepted.approved:
+            return None
+        else:
+            result = _error_result(call, f"denied: {reason or 'no reason given'}")
+        self.append(result, ref=self.outside_ref(f"answer:{interaction.id}", result.content))
+        return result
+
+    def classify(
+        self, key: OperationKey, error: str, details: dict[str, Any] | None
+    ) -> tuple[RunStatus, Attention | None]:
+        """Which status a failed operation leaves the run in: `details` are what the
+        activity's failure carried (a version problem names its reason there)."""
+        if details is not None and details.get("reason") in _VERSION_REASONS:
+            return RunStatus.NEEDS_ATTENTION, Attention(
+                reason=details["reason"], detail={**details, "last_error": error}
+            )
+        if key.kind == "tool":
+            call = self.call_of(key)
+            policy = self.pin.tools[call.name]
+            if policy.recovery == "manual":
+                return RunStatus.NEEDS_ATTENTION, Attention(
+                    reason="tool_interrupted",
+                    detail={
+                        "tool": call.name,
+                        "args": call.arguments,
+                        "attempts": policy.retry.max_attempts,
+                        "last_error": error,
+                    },
+                )
+        return RunStatus.FAILED, None
+
+    def park(
+        self,
+        status: RunStatus,
+        *,
+        error: str,
+        key: OperationKey | None = None,
+        attention: Attention | None = None,
+        retryable: bool = True,
+    ) -> None:
+        """Hold the run in `failed`/`needs_attention` until an operator decides (unless it
+        is parked there already, continued as new)."""
+        s = self.s
+        if self.parked_on(key) and s.status == status and s.error in (None, error):
+            return
+        self.decision = None
+        where = str(key) if key else None
+        s.status = status
+        s.error = error if status == RunStatus.FAILED else None
+        s.failed_operation = where if status == RunStatus.FAILED else None
+        s.blocked_operation = where if status == RunStatus.NEEDS_ATTENTION else None
+        s.attention = attention
+        s.retryable = retryable
+        if status == RunStatus.NEEDS_ATTENTION:
+            self.event(EventType.NEEDS_ATTENTION, where, attention.reason if attention else error)
+        else:
+            self.event(EventType.RUN_FAILED, where, error)
+
+    def show_blocked_args(self, key: OperationKey | None) -> None:
+        """A blocked call's arguments, which continue-as-new does not carry, shown again."""
+        s = self.s
+        attention = s.attention
+        if (
+            attention is not None
+            and attention.reason == "tool_interrupted"
+            and key is not None
+            and "args" not in attention.detail
+        ):
+            args = self.call_of(key).arguments
+            s.attention = attention.model_copy(
+                update={"detail": {**attention.detail, "args": args}}
+            )
+
+    def decided(self, key: OperationKey | None) -> Decision:
+        """Apply the operator's decision: the run is running again."""
+        decision = self.decision
+        assert decision is not None
+        self.decision = None
+        kind = decision if isinstance(decision, str) else decision.type
+        self.event(
+            EventType.RETRIED if kind == "retry" else EventType(f"resolved_{kind}"),
+            str(key) if key else None,
+        )
+        s = self.s
+        s.status = RunStatus.RUNNING
+        s.error = None
+        s.failed_operation = None
+        s.blocked_operation = None
+        s.attention = None
+        s.retryable = True
+        return decision
+
+    def lose_transcript(self, error: str, key: OperationKey) -> None:
+        """The previous run's transcript can never come: the run fails for good, whatever
+        it waited for (a restore parked over it would lose that)."""
+        s = self.s
+        s.interaction = None
+        s.outcome = None
+        s.blocked_operation = None
+        s.attention = None
+        self.park(RunStatus.FAILED, error=error, key=key, retryable=False)
+
+    def complete(self, output: str | None) -> RunResult:
+        s = self.s
+        s.status = RunStatus.COMPLETED
+        s.outcome = {"type": "completed", "output": output}
+        self.event(EventType.RUN_COMPLETED, detail=(output or "")[:200])
+        return RunResult(run_id=self.run_id, output=output, turns=s.turns, usage=s.usage)
+
+    def cancel(self) -> None:
+        self.s.status = RunStatus.CANCELLED
+        self.event(EventType.RUN_CANCELLED)
+
+    def refuse_input(self, problem: str) -> None:
+        """The start input was refused (the state was made failed from the start)."""
+        self.event(EventType.RUN_FAILED, detail=problem)
+
+    # -- requests from outside -------------------------------------------------------
+
+    def check_response(
+        self, request: RespondRequest
+    ) -> tuple[RespondAccepted, bool, ApprovalResponse | QuestionResponse]:
+        """See `_validation.check_response`."""
+        return check_response(self.run_id, self.s, request, strict=self.hardened)
+
+    def needs_signature(self, accepted: RespondAccepted) -> bool:
+        pending = self.s.interaction
+        return (
+            self.hardened
+            and accepted.type == "tool-approval"
+            and pending is not None
+            and pending.id == accepted.interaction_id
+            and pending.signed
+        )
+
+    def verification(
+        self, request: RespondRequest, response: ApprovalResponse, interaction: Interaction
+    ) -> VerifyApprovalRequest:
+        """What the worker checks of a signed decision (with keys history never sees)."""
+        return VerifyApprovalRequest(
+            agent_id=self.pin.agent_id,
+            version=self.pin.version,
+            fingerprint=self.pin_check(),
+            tool=interaction.tool,
+            operation_id=interaction.operation_id or "",
+            interaction_id=interaction.id,
+            args_digest=interaction.args_digest,
+            approved=response.approved,
+            approver=request.responder,
+            token=response.token,
+            reason=response.reason,
+        )
+
+    def accept_response(
+        self, accepted: RespondAccepted, response: ApprovalResponse | QuestionResponse
+    ) -> None:
+        self.s.answered[accepted.interaction_id] = accepted
+        reason = response.reason if isinstance(response, ApprovalResponse) else None
+        answer = response.answer if isinstance(response, QuestionResponse) else None
+        self._texts[accepted.interaction_id] = (reason, answer)
+        who = f" by {accepted.responder}" if accepted.responder else ""
+        if accepted.identity:
+            who += f" (client {accepted.identity}; both self-declared)"
+        if accepted.type == "question":
+            self.event(EventType.ANSWERED, accepted.interaction_id, f"answered{who}")
+        else:
+            verdict = EventType.APPROVED if accepted.approved else EventType.DENIED
+            because = f": {reason}" if reason else ""
+            self.event(verdict, accepted.interaction_id, f"{verdict}{who}{because}")
+
+    def check_resolution(
+        self, request: ResolveToolRequest
+    ) -> JsonResolution | ErrorResolution | RerunResolution:
+        """The validator's check, plus: no decision is already on its way (updates that
+        arrive in one workflow task are validated before the run leaves needs_attention).
+        Only the validator calls this, so replaying older histories is unaffected."""
+        resolution = check_resolution(self.run_id, self.s, request, strict=self.hardened)
+        if self.decision is not None:
+            decided = self.decision if isinstance(self.decision, str) else self.decision.type
+            raise rejection(
+                ErrorType.DURABLE_CONFLICT,
+                f"run {self.run_id!r} already accepted a {decided} decision for "
+                f"{short(request.operation)}; it is being applied",
+            )
+        return resolution
+
+    def resolve(
+        self, request: ResolveToolRequest
+    ) -> JsonResolution | ErrorResolution | RerunResolution:
+        resolution = check_resolution(self.run_id, self.s, request, strict=self.hardened)
+        self.decision = resolution
+        return resolution
+
+    def check_retry(self) -> None:
+        check_retry(self.run_id, self.s)
+
+    def retry(self) -> str | None:
+        """Accept `retry()`; the operation it runs again."""
+        check_retry(self.run_id, self.s)
+        self.decision = "retry"
+        return self.s.blocked_operation or self.s.failed_operation
+
+    # -- events ----------------------------------------------------------------------
+
+    def event(
+        self, type: EventType, operation: str | None = None, detail: str | None = None
+    ) -> None:
+        """Record a run event (repeated rejections coalesce; audit kinds are kept apart)."""
+        s = self.s
+        if detail is not None and len(detail) > _DETAIL_KEPT:
+            detail = f"{detail[:_DETAIL_KEPT]}... ({len(detail)} characters)"
+        last = s.events[-1] if s.events else None
+        if (
+            last is not None
+            and type in _COALESCED
+            and (last.type, last.operation, last.detail) == (type, operation, detail)
+        ):
+            last.count += 1  # the same rejection again: a counter, not another entry
+            return
+        s.event_seq += 1
+        event = RunEvent(
+            seq=s.event_seq, at=self._clock(), type=type, operation=operation, detail=detail
+        )
+        s.events.append(event)
+        del s.events[:-_EVENTS_KEPT]
+        kind = _AUDIT_KINDS.get(type)
+        if kind is not None:
+            s.audit.append(event)
+            same = [e for e in s.audit if _AUDIT_KINDS.get(e.type) == kind]
+            if len(same) > _EVENTS_KEPT:
+                s.audit.remove(same[0])
+
+
+def _question(call: ToolCall, policy: ToolPolicy) -> str | None:
+    return str(call.arguments.get("question", "")) if policy.question else None
+
+
+def _error_result(call: ToolCall, message: str) -> ToolResultMessage:
+    return ToolResultMessage(call_id=call.call_id, tool=call.name, content=message, is_error=True)

@@ -1,0 +1,349 @@
+"""The run's decisions, without a server: every status transition of SPEC section 3.
+
+`RunMachine` holds what `AgentRunWorkflow` decides; these tests drive it the
+way the workflow does (what happened -> what the state becomes) and check
+what an operator would read: the status, the events, what is pending.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from durably._transcript import EMPTY_DIGEST
+from durably.contract import (
+    AgentPin,
+    Attention,
+    ErrorType,
+    ModelCallResult,
+    ResolveToolRequest,
+    RespondAccepted,
+    RespondRequest,
+    RetrySpec,
+    RunState,
+    RunStatus,
+    ToolPolicy,
+)
+from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, Usage
+from durably.workflows._continuation import _latest_answers, carried
+from durably.workflows._machine import (
+    CallTools,
+    ContinueAsNew,
+    OperationKey,
+    OutOfTurns,
+    RequestModel,
+    RunMachine,
+)
+from durably.workflows._validation import Rejected
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def _policy(recovery: str = "safe", **extra: Any) -> ToolPolicy:
+    return ToolPolicy(
+        recovery=recovery,
+        retry=RetrySpec(max_attempts=1 if recovery == "manual" else 3),
+        heartbeat_timeout_s=30,
+        start_to_close_s=60,
+        **extra,
+    )
+
+
+PIN = AgentPin(
+    agent_id="desk",
+    version="1",
+    fingerprint="f",
+    max_turns=3,
+    model_heartbeat_timeout_s=30,
+    model_start_to_close_s=60,
+    tools={
+        "lookup": _policy("safe"),
+        "pay": _policy("manual", requires_approval=True, approval_timeout_s=60),
+        "ask": _policy("safe", question=True),
+        "file": _policy("manual"),
+    },
+)
+
+
+def machine(*, hardened: bool = True) -> RunMachine:
+    state = RunState(agent_id="desk", input="refund order 7", digest=EMPTY_DIGEST, chain="c1")
+    m = RunMachine(state, run_id="run-1", hardened=hardened, clock=lambda: NOW)
+    m.pinned(PIN)
+    return m
+
+
+def answer(m: RunMachine, *calls: tuple[str, dict[str, Any]], text: str = "") -> RequestModel:
+    """The model answers the next turn with these calls (or a final `text`)."""
+    step = m.next_step(lambda: False)
+    assert isinstance(step, RequestModel)
+    message = AssistantMessage(
+        content=text or None,
+        tool_calls=[
+            ToolCall(id=f"call_{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)
+        ],
+    )
+    m.model_answered(step, ModelCallResult(message=message, usage=Usage(requests=1)))
+    return step
+
+
+def events(m: RunMachine) -> list[str]:
+    return [e.type for e in m.s.events]
+
+
+def respond(m: RunMachine, iid: str, response: dict[str, Any], who: str = "ana") -> RespondAccepted:
+    accepted, new, parsed = m.check_response(
+        RespondRequest(interaction_id=iid, response=response, responder=who)
+    )
+    if new:
+        m.accept_response(accepted, parsed)
+    return accepted
+
+
+class TestOperationKey:
+    @pytest.mark.parametrize(
+        "text", ["pin", "model:3", "tool:2:call_1", "tool:2:a:b", "restore:40"]
+    )
+    def test_a_key_reads_back_as_itself(self, text: str) -> None:
+        assert str(OperationKey.parse(text)) == text
+
+    def test_a_tool_key_names_its_turn_and_call(self) -> None:
+        key = OperationKey.parse("tool:2:call:x")
+        assert (key.kind, key.turn, key.call_id) == ("tool", 2, "call:x")
+        assert key.interaction_id(PIN.tools["pay"]) == "approval:2:call:x"
+        assert key.interaction_id(PIN.tools["ask"]) == "question:2:call:x"
+
+    @pytest.mark.parametrize("text", ["", "tool", "model:x", "pin:1", "nope:1"])
+    def test_anything_else_is_not_a_key(self, text: str) -> None:
+        with pytest.raises(ValueError):
+            OperationKey.parse(text)
+
+
+class TestNextStep:
+    def test_a_turn_hands_out_every_call_without_a_result(self) -> None:
+        m = machine()
+        answer(m, ("lookup", {"q": 1}), ("lookup", {"q": 2}))
+        step = m.next_step(lambda: False)
+        assert isinstance(step, CallTools)
+        assert (step.turn, [c.call_id for c in step.calls]) == (1, ["call_0", "call_1"])
+        first = step.calls[0]
+        m.tool_done(OperationKey.tool(1, "call_0"), first, _result(first), resolved=False)
+        step = m.next_step(lambda: False)
+        assert isinstance(step, CallTools) and [c.call_id for c in step.calls] == ["call_1"]
+
+    def test_a_full_history_continues_as_new_between_turns_only(self) -> None:
+        m = machine()
+        answer(m, ("lookup", {}))
+        assert isinstance(m.next_step(lambda: True), CallTools)
+        call = m.unfinished_calls()[0]
+        m.tool_done(OperationKey.tool(1, call.call_id), call, _result(call), resolved=False)
+        assert isinstance(m.next_step(lambda: True), ContinueAsNew)
+
+    def test_the_turn_after_max_turns_fails_the_run_saying_what_to_raise(self) -> None:
+        m = machine()
+        for _ in range(PIN.max_turns):
+            answer(m, ("lookup", {}))
+            call = m.unfinished_calls()[0]
+            m.tool_done(
+                OperationKey.tool(m.s.turns, call.call_id), call, _result(call), resolved=False
+            )
+        step = m.next_step(lambda: False)
+        assert isinstance(step, OutOfTurns) and "max_turns" in step.error
+        m.park(RunStatus.FAILED, error=step.error, retryable=False)
+        assert m.s.status == RunStatus.FAILED
+        with pytest.raises(Rejected, match="retrying cannot fix"):
+            m.check_retry()
+
+
+class TestRunningToCompleted:
+    def test_a_final_answer_completes_the_run_with_its_output(self) -> None:
+        m = machine()
+        step = answer(m, text="refunded")
+        assert step.turn == 1 and m.s.turns == 1 and m.s.usage.requests == 1
+        result = m.complete("refunded")
+        assert (result.output, result.turns, result.run_id) == ("refunded", 1, "run-1")
+        assert m.s.status == RunStatus.COMPLETED
+        assert m.s.outcome == {"type": "completed", "output": "refunded"}
+        assert events(m) == ["agent_pinned", "model_completed", "run_completed"]
+
+
+class TestWaiting:
+    def test_an_approval_makes_the_run_wait_then_run_the_call(self) -> None:
+        m = machine()
+        answer(m, ("pay", {"amount": 5}))
+        key, call = OperationKey.tool(1, "call_0"), m.unfinished_calls()[0]
+        policy = m.needs_person(key, call)
+        assert policy is not None
+        interaction = m.ask(key, call, policy, now=NOW)
+        assert m.s.status == RunStatus.WAITING
+        assert interaction.id == "approval:1:call_0"
+        assert interaction.operation_id == "run-1/c1/tool:1:call_0"
+        assert m.deadline(interaction, policy, NOW) == NOW + timedelta(seconds=60)
+        respond(m, interaction.id, {"type": "tool-approval", "approved": True})
+        assert m.answered(interaction)
+        assert m.take_answer(interaction, call) is None  # approved: the call runs
+        assert m.s.status == RunStatus.RUNNING and m.s.interaction is None
+        assert events(m)[-2:] == ["waiting", "approved"]
+
+    def test_a_denial_is_the_calls_result_with_the_reason(self) -> None:
+        m = machine()
+        answer(m, ("pay", {"amount": 5}))
+        key, call = OperationKey.tool(1, "call_0"), m.unfinished_calls()[0]
+        interaction = m.ask(key, call, PIN.tools["pay"], now=NOW)
+        respond(m, interaction.id, {"type": "tool-approval", "approved": False, "reason": "no"})
+        result = m.take_answer(interaction, call)
+        assert result is not None and result.is_error and result.content == "denied: no"
+        assert m.s.transcript[-1] == result and m.unfinished_calls() == []
+
+    def test_an_answer_is_the_calls_result(self) -> None:
+        m = machine()
+        answer(m, ("ask", {"question": "which order?"}))
+        key, call = OperationKey.tool(1, "call_0"), m.unfinished_calls()[0]
+        interaction = m.ask(key, call, PIN.tools["ask"], now=NOW)
+        assert interaction.type == "question" and interaction.question == "which order?"
+        respond(m, interaction.id, {"type": "question", "answer": "seven"})
+        result = m.take_answer(interaction, call)
+        assert result is not None and result.content == "seven" and not result.is_error
+
+    def test_no_answer_in_time_denies_in_the_persons_place(self) -> None:
+        m = machine()
+        answer(m, ("pay", {}))
+        key, call = OperationKey.tool(1, "call_0"), m.unfinished_calls()[0]
+        interaction = m.ask(key, call, PIN.tools["pay"], now=NOW)
+        m.time_out(interaction, PIN.tools["pay"])
+        result = m.take_answer(interaction, call)
+        assert result is not None and result.content == "denied: approval timed out"
+        assert "timed_out" in [e.type for e in m.s.audit]
+
+    def test_a_different_second_answer_is_a_conflict_and_the_same_one_is_harmless(self) -> None:
+        m = machine()
+        answer(m, ("pay", {}))
+        key, call = OperationKey.tool(1, "call_0"), m.unfinished_calls()[0]
+        interaction = m.ask(key, call, PIN.tools["pay"], now=NOW)
+        first = respond(m, interaction.id, {"type": "tool-approval", "approved": True})
+        assert respond(m, interaction.id, {"type": "tool-approval", "approved": True}) == first
+        with pytest.raises(Rejected) as refused:
+            respond(m, interaction.id, {"type": "tool-approval", "approved": False})
+        assert refused.value.kind == ErrorType.INTERACTION_CONFLICT
+
+    def test_a_response_to_nothing_pending_is_refused_naming_what_is(self) -> None:
+        m = machine()
+        with pytest.raises(Rejected, match="none is pending") as refused:
+            respond(m, "approval:9:x", {"type": "tool-approval", "approved": True})
+        assert refused.value.kind == ErrorType.INVALID_RESPONSE
+
+
+class TestParking:
+    def test_an_interrupted_manual_call_needs_attention_and_takes_a_resolution(self) -> None:
+        m = machine()
+        answer(m, ("file", {"title": "t"}))
+        key, call = OperationKey.tool(1, "call_0"), m.unfinished_calls()[0]
+        status, attention = m.classify(key, "worker lost", None)
+        assert status == RunStatus.NEEDS_ATTENTION and attention is not None
+        assert attention.reason == "tool_interrupted" and attention.detail["tool"] == "file"
+        m.park(status, error="worker lost", key=key, attention=attention)
+        assert (m.s.status, m.s.blocked_operation) == (RunStatus.NEEDS_ATTENTION, str(key))
+        with pytest.raises(Rejected, match="never repeats a manual call"):
+            m.check_retry()
+        request = ResolveToolRequest(
+            operation=str(key), resolution={"type": "json", "value": {"id": 3}}
+        )
+        m.check_resolution(request)
+        resolution = m.resolve(request)
+        with pytest.raises(Rejected, match="already accepted a json decision"):
+            m.check_resolution(request)
+        assert m.decided(key) == resolution
+        assert m.s.status == RunStatus.RUNNING and m.s.blocked_operation is None
+        assert resolution.type == "json"
+        result = m.resolved_result(call, resolution)
+        assert result.content == '{"id":3}' and not result.is_error
+        m.tool_done(key, call, result, resolved=True)
+        assert events(m)[-3:] == ["needs_attention", "resolved_json", "tool_resolved"]
+
+    def test_a_missing_version_needs_attention_until_retried(self) -> None:
+        m = machine()
+        key = OperationKey.model(1)
+        status, attention = m.classify(key, "gone", {"reason": "version_missing", "version": "1"})
+        assert status == RunStatus.NEEDS_ATTENTION
+        assert attention == Attention(
+            reason="version_missing",
+            detail={"reason": "version_missing", "version": "1", "last_error": "gone"},
+        )
+        m.park(status, error="gone", key=key, attention=attention)
+        with pytest.raises(Rejected, match="not an interrupted tool"):
+            m.check_resolution(ResolveToolRequest(operation=str(key), resolution={"type": "rerun"}))
+        assert m.retry() == "model:1"
+        assert m.decided(key) == "retry" and m.s.status == RunStatus.RUNNING
+
+    def test_a_safe_call_out_of_retries_fails_the_run_and_retry_runs_it_again(self) -> None:
+        m = machine()
+        answer(m, ("lookup", {}))
+        key = OperationKey.tool(1, "call_0")
+        status, attention = m.classify(key, "boom", None)
+        assert (status, attention) == (RunStatus.FAILED, None)
+        m.park(status, error="boom", key=key)
+        assert (m.s.status, m.s.error, m.s.failed_operation) == (RunStatus.FAILED, "boom", str(key))
+        assert m.parked_on(key) and not m.parked_on(OperationKey.model(1))
+        with pytest.raises(Rejected, match="needs_attention runs"):
+            machine().check_retry()  # a running run has nothing to retry
+        assert m.retry() == str(key)
+        m.decided(key)
+        assert (m.s.status, m.s.error, m.s.failed_operation) == (RunStatus.RUNNING, None, None)
+
+    def test_parking_again_where_it_is_parked_records_nothing_new(self) -> None:
+        m = machine()
+        key = OperationKey.model(1)
+        m.park(RunStatus.FAILED, error="boom", key=key)
+        m.park(RunStatus.FAILED, error="boom", key=key)  # resumed after continue-as-new
+        assert events(m).count("run_failed") == 1
+
+
+class TestEnds:
+    def test_cancelling_is_recorded_for_the_audit(self) -> None:
+        m = machine()
+        m.cancel()
+        assert m.s.status == RunStatus.CANCELLED
+        assert [e.type for e in m.s.audit] == ["run_cancelled"]
+
+    def test_repeated_rejections_coalesce_into_one_event_with_a_count(self) -> None:
+        m = machine()
+        for _ in range(3):
+            m.event("signal_rejected", detail="unknown signal 'x'")
+        assert m.s.events[-1].count == 3 and events(m).count("signal_rejected") == 1
+
+
+class TestContinuation:
+    def test_a_waiting_run_carries_its_interaction_and_not_its_transcript(self) -> None:
+        m = machine()
+        answer(m, ("pay", {"amount": 5}))
+        key, call = OperationKey.tool(1, "call_0"), m.unfinished_calls()[0]
+        m.ask(key, call, PIN.tools["pay"], now=NOW)
+        next_input, problem = carried(m, "temporal-run-2")
+        assert problem is None and next_input is not None and next_input.carried is not None
+        state = next_input.carried
+        assert state.transcript == [] and state.archive is not None
+        assert (state.archive.run_id, state.archive.length) == ("temporal-run-2", 2)
+        assert state.status == RunStatus.WAITING and state.interaction is not None
+        assert next_input.input == ""  # it travels once, in the transcript
+
+    def test_continue_as_new_carries_the_newest_answers_within_bounds(self) -> None:
+        """The newest 100 answers, in order, and never more than 256 KiB of them."""
+
+        def answers(count: int, size: int) -> dict[str, RespondAccepted]:
+            return {
+                f"question:{n}:q": RespondAccepted(
+                    interaction_id=f"question:{n}:q", type="question", answer="x" * size
+                )
+                for n in range(count)
+            }
+
+        short = _latest_answers(answers(150, 10))
+        assert list(short) == [f"question:{n}:q" for n in range(50, 150)]
+        long = _latest_answers(answers(10, 100_000))
+        assert list(long) == ["question:8:q", "question:9:q"]
+        assert _latest_answers(answers(3, 300_000)) == {}
+
+
+def _result(call: ToolCall) -> ToolResultMessage:
+    return ToolResultMessage(call_id=call.call_id, tool=call.name, content="ok")
