@@ -1,4 +1,4 @@
-"""`python -m durably`: the same as the `durably` command."""
+"""`python -m durably`: the same as the `durably` command (e.g. `python -m durably worker`)."""
 
 from durably.cli import main
 

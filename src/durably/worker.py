@@ -245,12 +245,16 @@ async def run_worker(
 
 
 def main() -> None:
-    """`python -m durably.worker`: the same as `durably worker`."""
+    """`python -m durably.worker`: the same as `durably worker` (or `python -m durably worker`).
+
+    The command line is run by its name, not imported: the CLI imports this
+    module, and this module never imports the CLI.
+    """
+    import runpy
     import sys
 
-    from durably.cli import main as cli_main
-
-    cli_main(["worker", *sys.argv[1:]])
+    sys.argv[1:1] = ["worker"]
+    runpy.run_module("durably", run_name="__main__")
 
 
 if __name__ == "__main__":

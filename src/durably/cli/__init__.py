@@ -1,0 +1,95 @@
+"""The `durably` command line.
+
+::
+
+    durably dev --demo                   local Temporal server + a worker with the example agent
+    durably worker --agents mod:attr     host your agents on any Temporal cluster
+    durably start AGENT INPUT --wait     start a run (and wait for its output)
+    durably runs list [--unfinished]     find runs
+    durably runs show RUN [--json]       read one run's snapshot
+    durably inbox                        what waits for a person, across all runs
+    durably approve RUN --as NAME        approve the pending tool call (deny: --reason)
+    durably approval-key                 a new key for signed approvals
+    durably answer RUN TEXT --as NAME    answer the pending question
+    durably resolve RUN OP --json V      supply an interrupted tool call's real result
+    durably retry RUN                    run a failed run's failed operation again
+    durably cancel RUN                   cancel a run and wait until it has closed
+
+`--target` and `--namespace` go before the command or after it (`durably
+--target H approve RUN` or `durably approve RUN --target H`); they default to
+the standard `TEMPORAL_ADDRESS` / `TEMPORAL_NAMESPACE` environment variables
+and Temporal config file, else `localhost:7233` and `default`. A
+`DurablyError` prints its message in red and exits with status 1.
+
+One job per module: `_connection` (the connection options, declared once, and
+how an `async def` becomes a command), `_operate` (commands that change runs),
+`_read` (commands that read and render them), `_serve` (worker, dev server,
+approval keys), `_terminal` (what reaches the terminal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+
+import typer
+
+from durably.cli import _operate, _read, _serve
+from durably.cli._connection import connection_options
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="durably",
+    help="Durable AI agent runs on Temporal.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+app.callback()(connection_options)
+runs_app = typer.Typer(help="Find runs and read them.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+app.command()(_serve.worker)
+app.command()(_serve.dev)
+app.command()(_operate.start)
+app.command()(_operate.cancel)
+app.command()(_operate.resolve)
+app.command()(_operate.retry)
+app.command()(_operate.approve)
+app.command()(_operate.deny)
+app.command()(_operate.answer)
+app.command("approval-key")(_serve.approval_key)
+app.command()(_read.inbox)
+runs_app.command("list")(_read.runs_list)
+runs_app.command("show")(_read.runs_show)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `durably` console script (also `python -m durably`).
+
+    The process ends with `os._exit` once output is flushed: the Temporal
+    client's native threads can crash CPython's interpreter teardown
+    (temporalio/sdk-python#300), which would turn a clean exit into a
+    SIGSEGV/SIGABRT status.
+    """
+    code = 0
+    try:
+        app(args=argv, prog_name="durably")
+    except SystemExit as exit:
+        if isinstance(exit.code, str):
+            print(exit.code, file=sys.stderr)
+            code = 1
+        else:
+            code = exit.code or 0
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    os._exit(code)

@@ -1,0 +1,378 @@
+"""Commands that change runs: `start`, `cancel`, `resolve`, `retry`, `approve`,
+`deny` and `answer`.
+
+An approval or denial is bound to the call it was read with: it carries that
+call's `args_digest` (or the `--digest` the operator reviewed), so a run id
+reused by another run, or a call whose arguments changed since the snapshot
+was read, never gets the decision meant for other arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import CancelledError, TerminatedError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+
+from durably._text import printable
+from durably.approvals import ENV_KEYS, ENV_KEYS_FILE, ApprovalKeys
+from durably.cli._connection import Connection, RunId, TaskQueue, command
+from durably.cli._terminal import clip, console, err_console, safe
+from durably.client import DurableClient, RunHandle
+from durably.contract import DEFAULT_TASK_QUEUE, Interaction, RunStatus
+from durably.errors import DurablyError
+
+Responder = Annotated[
+    str,
+    typer.Option(
+        "--as", help="Who is answering (recorded in the run's events).", show_default=False
+    ),
+]
+InteractionId = Annotated[
+    str | None,
+    typer.Option(
+        "--interaction",
+        help="The interaction to answer (default: the one pending now).",
+        show_default=False,
+    ),
+]
+Digest = Annotated[
+    str | None,
+    typer.Option(
+        "--digest",
+        help="The args_digest you reviewed; refused if the call's arguments differ.",
+        show_default=False,
+    ),
+]
+
+
+@command
+async def start(
+    agent_id: Annotated[str, typer.Argument(help="The agent to run.")],
+    input: Annotated[str, typer.Argument(help="The user's request.")],
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version", help="Agent version (default: newest registered).", show_default=False
+        ),
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id", help="Run id (default: generated; never reused).", show_default=False
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait for the run and print its output.")
+    ] = False,
+    *,
+    conn: Connection,
+    task_queue: TaskQueue = DEFAULT_TASK_QUEUE,
+) -> None:
+    """Start a run of AGENT_ID with INPUT."""
+    client = await conn.client(task_queue)
+    run = await client.start_run(agent_id, input, version=version, run_id=run_id)
+    console.print(safe(f"Started run {run.run_id}"))
+    if wait:
+        result = await run.result()
+        console.print(Text(f"Completed after {result.turns} turn(s)", style="green"))
+        console.print(safe(result.output or "", keep_newlines=True))
+
+
+@command
+async def cancel(
+    run_id: RunId,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait", help="Wait until the run has closed and say how it ended."
+        ),
+    ] = True,
+    within: Annotated[
+        float, typer.Option("--timeout", help="How long to wait, in seconds.", min=0)
+    ] = 30.0,
+    *,
+    conn: Connection,
+) -> None:
+    """Cancel a run: a running tool sees its abort signal, then the run ends cancelled.
+
+    Exits with status 1 if the run has not closed within --timeout seconds.
+    """
+    client = await conn.client()
+    run = await client.get_run(run_id)
+    await run.cancel()
+    if not wait:
+        console.print(
+            safe(
+                f"Cancellation of run {run_id} requested; it closes once its running tool or "
+                f"model request has stopped (`durably runs show {run_id}`)."
+            )
+        )
+        return
+    try:
+        async with asyncio.timeout(within):
+            ended = await _how_it_closed(client, run_id)
+    except TimeoutError:
+        await _not_closed(run, within)
+        raise typer.Exit(1) from None
+    console.print(safe(f"Run {run_id} {ended}."))
+
+
+async def _how_it_closed(client: DurableClient, run_id: str) -> str:
+    """Wait until the run's workflow closes; how it ended, in words."""
+    handle = client.temporal.get_workflow_handle(run_id)
+    try:
+        await handle.result()
+    except WorkflowFailureError as err:
+        if isinstance(err.cause, CancelledError):
+            return "was cancelled"
+        if isinstance(err.cause, TerminatedError):
+            return "was terminated"
+        if isinstance(err.cause, TemporalTimeoutError):
+            return "timed out"
+        return f"failed: {err.cause or err}"
+    return "completed before the cancellation took effect; its output stays readable"
+
+
+async def _not_closed(run: RunHandle, waited: float) -> None:
+    """Say that the run is still open, what it is doing, and the last resort."""
+    try:
+        snap = await run.snapshot()
+        now = f"it is {snap.status.value}: {snap.current or 'no details'}"
+    except DurablyError as err:
+        now = f"its snapshot cannot be read ({err})"
+    err_console.print(
+        safe(
+            f"Run {run.run_id} has not closed {waited:g} s after its cancellation was "
+            f"requested; {clip(printable(now, keep_newlines=True), 300)}",
+            style="red",
+        )
+    )
+    err_console.print(
+        safe(
+            "It closes once its running tool or model request stops (a tool sees "
+            f"ctx.abort_signal). Wait longer (`durably cancel {run.run_id} --timeout 300`) "
+            f"or check with `durably runs show {run.run_id}`. Only as a last resort: "
+            f"`temporal workflow terminate --workflow-id {run.run_id}` ends it at once, but "
+            "terminate skips the run's cleanup: no cancellation is recorded, its "
+            "DurablyStatus stays as it is, and a running tool is not waited for."
+        )
+    )
+
+
+@command
+async def resolve(
+    run_id: RunId,
+    operation: Annotated[
+        str,
+        typer.Argument(
+            metavar="OPERATION",
+            help="The blocked operation, e.g. tool:2:call_1 (see `runs show`).",
+        ),
+    ],
+    json_value: Annotated[
+        str | None,
+        typer.Option(
+            "--json",
+            help="The call's real result, as JSON (checked against the tool's output schema).",
+            show_default=False,
+        ),
+    ] = None,
+    error: Annotated[
+        str | None,
+        typer.Option(
+            "--error",
+            help="The call is known to have failed: this message goes to the model.",
+            show_default=False,
+        ),
+    ] = None,
+    rerun: Annotated[
+        bool,
+        typer.Option(
+            "--rerun",
+            help="You verified the effect did not happen: run the call "
+            "once more with the same operation_id.",
+        ),
+    ] = False,
+    *,
+    conn: Connection,
+) -> None:
+    """Resolve an interrupted tool call with its real outcome; the run continues.
+
+    Check the external system first. If the outcome is still unknown, leave
+    the run blocked: never make up a result.
+    """
+    resolution = _resolution(json_value, error, rerun)
+    await (await conn.get_run(run_id)).resolve_tool(operation, resolution)
+    console.print(
+        safe(f"Resolved {operation} of run {run_id} ({resolution['type']}); the run continues.")
+    )
+
+
+def _resolution(json_value: str | None, error: str | None, rerun: bool) -> dict[str, Any]:
+    """The one outcome `resolve` was given; status 2 unless exactly one is valid."""
+    chosen = [
+        name
+        for name, on in (
+            ("--json", json_value is not None),
+            ("--error", error is not None),
+            ("--rerun", rerun),
+        )
+        if on
+    ]
+    if len(chosen) != 1:
+        err_console.print(
+            Text(
+                "error: give exactly one of --json VALUE, --error MESSAGE or --rerun"
+                + (f" (got {', '.join(chosen)})" if chosen else ""),
+                style="red",
+            )
+        )
+        raise typer.Exit(2)
+    if json_value is not None:
+        try:
+            return {"type": "json", "value": json.loads(json_value)}
+        except json.JSONDecodeError as err:
+            err_console.print(Text(f"error: --json is not valid JSON: {err}", style="red"))
+            raise typer.Exit(2) from err
+    if error is not None:
+        return {"type": "error", "message": error}
+    return {"type": "rerun"}
+
+
+@command
+async def retry(run_id: RunId, *, conn: Connection) -> None:
+    """Run a failed run's failed operation again (committed results are kept)."""
+    accepted = await (await conn.get_run(run_id)).retry()
+    what = accepted.operation or "the run"
+    console.print(safe(f"Retrying {what} of run {run_id} (was {accepted.previous_status.value})."))
+
+
+@command
+async def approve(
+    run_id: RunId,
+    responder: Responder,
+    interaction: InteractionId = None,
+    digest: Digest = None,
+    *,
+    conn: Connection,
+) -> None:
+    """Approve the tool call a run is waiting on; the tool then runs.
+
+    The approval carries the args_digest of the call it was read with (or
+    --digest), so it never approves other arguments than the ones printed.
+    """
+    await _decide(await conn.get_run(run_id), interaction, responder, approved=True, digest=digest)
+
+
+@command
+async def deny(
+    run_id: RunId,
+    responder: Responder,
+    reason: Annotated[
+        str | None,
+        typer.Option(
+            "--reason", help="Why; the model reads `denied: <reason>`.", show_default=False
+        ),
+    ] = None,
+    interaction: InteractionId = None,
+    digest: Digest = None,
+    *,
+    conn: Connection,
+) -> None:
+    """Deny the tool call a run is waiting on; the tool never runs."""
+    run = await conn.get_run(run_id)
+    await _decide(run, interaction, responder, approved=False, digest=digest, reason=reason)
+
+
+@command
+async def answer(
+    run_id: RunId,
+    text: Annotated[str, typer.Argument(help="The answer the model will read.")],
+    responder: Responder,
+    interaction: InteractionId = None,
+    *,
+    conn: Connection,
+) -> None:
+    """Answer the question a run is waiting on."""
+    run = await conn.get_run(run_id)
+    if interaction is None:
+        pending, status = await _pending(run)
+        if pending is None:
+            raise _nothing_pending(run.run_id, status)
+        interaction = pending.id
+    accepted = await run.answer(interaction, text, responder=responder)
+    console.print(safe(f"{interaction} of run {run_id}: answered by {accepted.responder}."))
+
+
+async def _pending(run: RunHandle) -> tuple[Interaction | None, str]:
+    """The interaction the run waits on (None: none), and the run's status."""
+    snap = await run.snapshot()
+    pending = snap.interaction if snap.status == RunStatus.WAITING else None
+    return pending, snap.status.value
+
+
+def _nothing_pending(run_id: str, status: str) -> DurablyError:
+    return DurablyError(
+        f"run {run_id} is {status} and waits for no approval or answer; see `durably inbox`"
+    )
+
+
+async def _decide(
+    run: RunHandle,
+    interaction_id: str | None,
+    responder: str,
+    *,
+    approved: bool,
+    digest: str | None,
+    reason: str | None = None,
+) -> None:
+    """Approve or deny the call the operator read, and say which call it was.
+
+    The decision carries the args_digest of the pending call (or --digest):
+    without it, a run id reused by another run, or a call that changed since
+    the snapshot was read, would get the same decision for other arguments.
+    """
+    pending, status = await _pending(run)
+    if pending is None and interaction_id is None:
+        raise _nothing_pending(run.run_id, status)
+    verdict = "approved" if approved else "denied"
+    if pending is not None and interaction_id in (None, pending.id):
+        target: Interaction | str = pending
+    elif digest is not None:  # the operator names the call by its digest
+        target, pending = str(interaction_id), None
+    else:
+        now = f"it waits on {pending.id}" if pending is not None else "it waits on none"
+        raise DurablyError(
+            f"{interaction_id} is not the call run {run.run_id} waits for approval on ({now}), "
+            f"so nothing was {verdict}. Omit --interaction to decide on the pending call, or "
+            "pass the --digest you reviewed"
+        )
+    keys = _keys(pending) if pending is not None and pending.signed else None
+    decide = run.approve if approved else run.deny
+    accepted = await decide(
+        target, responder=responder, reason=reason, args_digest=digest, keys=keys
+    )
+    console.print(
+        safe(f"{accepted.interaction_id} of run {run.run_id}: {verdict} by {accepted.responder}.")
+    )
+    if pending is not None:
+        args = json.dumps(pending.args, ensure_ascii=False, separators=(",", ":"))
+        console.print(safe(f"  tool {pending.tool}, arguments {clip(args, 300)}"))
+
+
+def _keys(call: Interaction) -> ApprovalKeys:
+    """The key that signs a decision on a tool whose registration names approvers."""
+    keys = ApprovalKeys.from_env()
+    if keys is None:
+        raise DurablyError(
+            f"tool {call.tool} takes only signed decisions, and no approval key is set "
+            f"here: set {ENV_KEYS} (or {ENV_KEYS_FILE}) to a key the workers hold, or decide "
+            "through the service that signs approvals for you"
+        )
+    return keys

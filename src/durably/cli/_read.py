@@ -1,0 +1,186 @@
+"""Commands that read runs and render them: `inbox`, `runs list`, `runs show`.
+
+`--json` output is JSON with every non-ASCII character escaped (`json.dumps`
+escapes what pydantic leaves raw, C1 and bidi controls among it); tables and
+panels show text through `safe`/`printable`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from durably._text import printable
+from durably.cli._connection import Connection, RunId, command
+from durably.cli._terminal import clip, console, local_time, safe, status_text, table
+from durably.contract import OtherAttention, RunSnapshot, RunStatus, RunSummary
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@command
+async def inbox(as_json: AsJson = False, *, conn: Connection) -> None:
+    """Everything waiting for a person, across all runs: approvals, questions,
+    blocked operations, failed runs and retry waits."""
+    items = await (await conn.client()).inbox()
+    if as_json:
+        print(json.dumps([i.model_dump(mode="json") for i in items], indent=2))
+        return
+    if not items:
+        console.print("Nothing waits for a person.")
+        return
+    rows = table()
+    for name in ("run id", "agent", "kind", "since", "waiting for", "id / operation"):
+        rows.add_column(name, no_wrap=name != "waiting for")
+    for i in items:
+        rows.add_row(
+            safe(i.run_id),
+            safe(i.agent_id or "-"),
+            status_text(i.status) if i.kind in ("failed", "blocked") else Text(i.kind),
+            local_time(i.since, "%m-%d %H:%M"),
+            safe(i.waiting_for),
+            safe(i.interaction_id or i.operation or ""),
+        )
+    console.print(rows)
+
+
+@command
+async def runs_list(
+    status: Annotated[
+        RunStatus | None,
+        typer.Option("--status", help="Only runs in this status.", show_default=False),
+    ] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Only runs of this agent.", show_default=False)
+    ] = None,
+    unfinished: Annotated[
+        bool, typer.Option("--unfinished", help="Only runs that are not completed or cancelled.")
+    ] = False,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many runs.")] = 50,
+    as_json: AsJson = False,
+    *,
+    conn: Connection,
+) -> None:
+    """List runs, newest first."""
+    client = await conn.client()
+    runs = await client.list_runs(
+        status=status, agent_id=agent, unfinished=True if unfinished else None, limit=limit
+    )
+    if as_json:
+        print(json.dumps([r.model_dump(mode="json") for r in runs], indent=2))
+        return
+    if not runs:
+        console.print("No runs found.")
+        return
+    console.print(_runs_table(runs))
+
+
+@command
+async def runs_show(
+    run_id: RunId,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
+    *,
+    conn: Connection,
+) -> None:
+    """Show a run's snapshot: status, outcome, what it waits for, recent events."""
+    snap = await (await conn.get_run(run_id)).snapshot()
+    if as_json:  # json.dumps escapes what pydantic leaves raw (C1 and bidi controls)
+        print(json.dumps(snap.model_dump(mode="json"), indent=2))
+        return
+    console.print(_snapshot_view(snap))
+
+
+def _runs_table(runs: list[RunSummary]) -> Table:
+    rows = table()
+    for name in ("run id", "agent", "status", "started", "closed"):
+        rows.add_column(name, no_wrap=True)
+    for r in runs:
+        agent = f"{r.agent_id or '-'}@{r.agent_version}" if r.agent_version else r.agent_id
+        rows.add_row(
+            safe(r.run_id),
+            safe(agent or "-"),
+            status_text(r.status),
+            local_time(r.started_at, "%m-%d %H:%M"),
+            local_time(r.closed_at, "%m-%d %H:%M"),
+        )
+    return rows
+
+
+def _snapshot_view(snap: RunSnapshot) -> Group:
+    """The snapshot as a panel of fields, then its recent events."""
+    panel = Panel(
+        _snapshot_fields(snap),
+        title=escape(printable(f"run {snap.run_id}")),
+        title_align="left",
+    )
+    if not snap.events:
+        return Group(panel)
+    return Group(panel, Text("recent events", style="bold"), _events_table(snap))
+
+
+def _snapshot_fields(snap: RunSnapshot) -> Table:
+    fields = Table.grid(padding=(0, 2))
+    fields.add_column(style="bold", no_wrap=True)
+    fields.add_column()
+
+    def row(name: str, value: str | Text | None) -> None:
+        if value:
+            fields.add_row(name, value if isinstance(value, Text) else safe(value))
+
+    row("status", status_text(snap.status))
+    row("agent", f"{snap.agent_id}@{snap.agent_version}" if snap.agent_version else snap.agent_id)
+    usage = snap.usage
+    row(
+        "turns",
+        f"{snap.turns}  ({usage.requests} model request(s), {usage.input_tokens} input / "
+        f"{usage.output_tokens} output tokens)",
+    )
+    row("now", safe(snap.current or "", keep_newlines=True))
+    if snap.output is not None:
+        row("output", safe(snap.output, keep_newlines=True))
+    for pending in snap.interactions:
+        row("waiting for", json.dumps(pending.model_dump(mode="json"), ensure_ascii=False))
+    row("blocked", snap.blocked_operation)
+    if snap.attention is not None:
+        hidden = {"reason"} if isinstance(snap.attention, OtherAttention) else {"reason", "detail"}
+        fields_shown = snap.attention.model_dump(mode="json", exclude=hidden)
+        shown = json.dumps(fields_shown, ensure_ascii=False) if fields_shown else ""
+        row("attention", f"{snap.attention.reason} {shown}".strip())
+    row("next attempt", local_time(snap.next_attempt_at) if snap.next_attempt_at else None)
+    row("attempt", str(snap.attempt) if snap.attempt else None)
+    if snap.error:
+        row("error", safe(snap.error, keep_newlines=True, style="red"))
+    return fields
+
+
+def _events_table(snap: RunSnapshot) -> Table:
+    events = table(title_justify="left")
+    for name in ("#", "at", "event", "operation", "detail"):
+        events.add_column(name, no_wrap=True, justify="right" if name == "#" else "left")
+    # Clip details to what is left of the line, so the other columns stay whole.
+    used = sum(
+        max(len(text) for text in column)
+        for column in (
+            [str(e.seq) for e in snap.events],
+            ["00:00:00"],
+            [printable(e.type) for e in snap.events],
+            [printable(e.operation or "") for e in snap.events],
+        )
+    )
+    room = max(20, console.width - used - 4 * 2)
+    for e in snap.events:
+        events.add_row(
+            str(e.seq),
+            local_time(e.at, "%H:%M:%S"),
+            safe(e.type),
+            safe(e.operation or ""),
+            Text(clip(printable(e.detail or "", keep_newlines=True), room)),
+        )
+    return events
