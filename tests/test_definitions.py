@@ -45,11 +45,11 @@ class TestTool:
         assert search_kb.input_schema["properties"] == {"q": {"title": "Q", "type": "string"}}
         assert search_kb.output_model is Hits
 
-    def test_tool_without_a_pydantic_input_is_rejected_with_an_example(self) -> None:
-        with pytest.raises(TypeError, match="annotate the first parameter with a pydantic model"):
+    def test_tool_with_an_unannotated_parameter_is_rejected_with_what_to_change(self) -> None:
+        with pytest.raises(RegistrationError, match="annotate parameter 'args' with its type"):
 
             @tool
-            async def bad(args: dict[str, str], ctx: ToolContext) -> str:
+            async def bad(args, ctx: ToolContext) -> str:  # type: ignore[no-untyped-def]
                 return ""
 
     def test_sync_tool_is_rejected(self) -> None:
@@ -165,7 +165,22 @@ def test_public_api_matches_the_spec() -> None:
         "RunCancelledError",
         "RunClosedError",
         "RunNotFoundError",
+        # The typed operator API: what a snapshot holds, what a person or operator sends.
+        "Interaction",
+        "ToolInterrupted",
+        "VersionMissing",
+        "VersionIncompatible",
+        "OtherAttention",
+        "Approval",
+        "Denial",
+        "Answer",
+        "JsonResolution",
+        "ErrorResolution",
+        "RerunResolution",
+        "tool_call",
+        "final",
     }
     assert promised <= set(durably.__all__)
+    assert sorted(durably.__all__) == sorted(durably._EXPORTS)  # every export is importable
     for name in durably.__all__:
         assert getattr(durably, name) is not None

@@ -1,10 +1,14 @@
 """Tools: typed functions a model may call, run inside activities.
 
-A tool declares its input as a pydantic model and its output as a pydantic
-model (or any JSON type). Its `execute(args, ctx)` receives a `ToolContext`
-whose `operation_id` is the key to pass to external services for
-deduplication: it is the same on every retry, restart and `retry()` of this
-call, and unique across runs.
+A tool is a plain typed function (`async def refund(ctx: ToolContext,
+order_id: str, amount_cents: int) -> Refund`), its input model built from the
+parameters, or takes one pydantic model (`async def refund(args: RefundArgs,
+ctx: ToolContext) -> Refund`); its output is a pydantic model or any JSON
+type, a plain `str` included. `_tool_signature.py` reads the function.
+Either way the tool runs as `execute(args, ctx)`, and its `ToolContext`'s
+`operation_id` is the key to pass to external services for deduplication:
+it is the same on every retry, restart and `retry()` of this call, and
+unique across runs.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any, Generic, TypeVar, get_type_hints, overload
 
 import structlog
 from pydantic import BaseModel, TypeAdapter
+
+from durably._tool_signature import read_signature
 
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -76,6 +82,7 @@ class ToolContext:
 
 
 Execute = Callable[[Any, ToolContext], Coroutine[Any, Any, Any]]
+ToolFunction = Callable[..., Coroutine[Any, Any, Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,18 +140,6 @@ def render_result(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _first_param_model(fn: Callable[..., Any]) -> type[BaseModel]:
-    hints = get_type_hints(fn)
-    params = list(inspect.signature(fn).parameters)
-    annotation = hints.get(params[0]) if params else None
-    if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-        raise TypeError(
-            f"@tool {fn.__qualname__}: annotate the first parameter with a pydantic model, "
-            "e.g. `async def search(args: SearchArgs, ctx: ToolContext) -> SearchResult`"
-        )
-    return annotation
-
-
 def _return_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
     annotation = get_type_hints(fn).get("return")
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -153,7 +148,7 @@ def _return_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
 
 
 @overload
-def tool(fn: Execute, /) -> Tool[Any]: ...
+def tool(fn: ToolFunction, /) -> Tool[Any]: ...
 
 
 @overload
@@ -165,11 +160,11 @@ def tool(
     approval_timeout: timedelta | None = None,
     heartbeat_timeout: timedelta | None = None,
     start_to_close_timeout: timedelta | None = None,
-) -> Callable[[Execute], Tool[Any]]: ...
+) -> Callable[[ToolFunction], Tool[Any]]: ...
 
 
 def tool(
-    fn: Execute | None = None,
+    fn: ToolFunction | None = None,
     /,
     *,
     name: str | None = None,
@@ -178,23 +173,60 @@ def tool(
     approval_timeout: timedelta | None = None,
     heartbeat_timeout: timedelta | None = None,
     start_to_close_timeout: timedelta | None = None,
-) -> Tool[Any] | Callable[[Execute], Tool[Any]]:
-    """Turn `async def f(args: InModel, ctx: ToolContext) -> OutModel` into a `Tool`.
+) -> Tool[Any] | Callable[[ToolFunction], Tool[Any]]:
+    """Turn an `async def` function into a `Tool`, in one of two forms.
 
-    The name defaults to the function's name and the description to its
-    docstring; the input and output models come from the annotations.
+    **Plain form**: the arguments are the function's parameters::
+
+        @tool
+        async def refund(ctx: ToolContext, order_id: str, amount_cents: int = 0) -> Refund:
+            \"""Refund an order.
+
+            Args:
+                order_id: The order to refund, e.g. "A-1".
+                amount_cents: How much; 0 refunds it all.
+            \"""
+
+    The input model is built from the parameters' names, annotations and
+    defaults (`Annotated[..., Field(...)]` and `= Field(...)` work as in
+    pydantic); each parameter's description comes from the docstring's
+    Google-style `Args:` section, the tool's description from the text
+    before the docstring's first section (`Args:`, `Returns:`, `Raises:`,
+    ...). The schema has no titles derived from the names (a
+    `Field(title=...)` stays; nested models keep theirs); extra arguments
+    are ignored, as in a default pydantic model.
+
+    **Model form**: besides the context, exactly one parameter, annotated
+    with a pydantic `BaseModel` subclass: `async def refund(args: RefundArgs,
+    ctx: ToolContext) -> Refund`. The model is the input model, its schema
+    as pydantic writes it, and the description is the whole docstring. So a
+    function taking one model and nothing else is always this form (wrap
+    the model in another, or add a parameter, for the plain form).
+
+    In both, the context is the parameter annotated `ToolContext` (or
+    `ToolContext | None`), in any position, optional, and never part of the
+    schema; `(args: RefundArgs, ctx)` with `ctx` unannotated also works.
+    The output model comes from the return annotation when it is a pydantic
+    model; any other return value (a plain `str`, a dict, a list) is sent
+    to the model as is, a `str` as its text, the rest as compact JSON.
+
+    The name defaults to the function's name; `description` replaces the
+    docstring's. A signature a tool cannot have (`*args`, `**kwargs`,
+    positional-only or unannotated parameters, a name pydantic reserves such
+    as `json` or `model_id`, an `Args:` entry naming no parameter) raises
+    `RegistrationError` here, saying what to change. Tools must be `async def`.
     """
 
-    def build(f: Execute) -> Tool[Any]:
+    def build(f: ToolFunction) -> Tool[Any]:
         if not inspect.iscoroutinefunction(f):
             raise TypeError(f"@tool {f.__qualname__}: tools must be `async def`")
-        doc = inspect.getdoc(f) or ""
+        sig = read_signature(f, ToolContext)
         return Tool(
             name=name or f.__name__,
-            description=description if description is not None else doc,
-            input_model=_first_param_model(f),
+            description=description if description is not None else sig.description,
+            input_model=sig.input_model,
             output_model=_return_model(f),
-            execute=f,
+            execute=sig.execute,
             requires_approval=requires_approval,
             approval_timeout=approval_timeout,
             heartbeat_timeout=heartbeat_timeout,
