@@ -18,6 +18,7 @@ from durably.contract import (
     Attention,
     ErrorType,
     ModelCallResult,
+    OperationKey,
     ResolveToolRequest,
     RespondAccepted,
     RespondRequest,
@@ -31,7 +32,6 @@ from durably.workflows._continuation import _latest_answers, carried
 from durably.workflows._machine import (
     CallTools,
     ContinueAsNew,
-    OperationKey,
     OutOfTurns,
     RequestModel,
     RunMachine,

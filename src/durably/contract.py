@@ -8,6 +8,7 @@ a default; renaming or removing one breaks the replay of existing runs.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -54,6 +55,7 @@ __all__ = [
     "MessageRef",
     "ModelCallInput",
     "ModelCallResult",
+    "OperationKey",
     "OtherAttention",
     "PinRequest",
     "QuestionResponse",
@@ -208,6 +210,60 @@ def operation_id(run_id: str, chain: str | None, key: str) -> str:
     operation id. Keys and chains hold no "/", so the id splits from the right.
     """
     return f"{run_id}/{chain}/{key}" if chain else f"{run_id}/{key}"
+
+
+@dataclass(frozen=True)
+class OperationKey:
+    """An operation's checkpoint key: the activity id, and part of its operation id.
+
+    The run protocol writes it as `pin`, `model:{turn}`, `tool:{turn}:{call_id}`
+    or `restore:{offset}` (in activity ids and in state); `parse` reads that
+    form back, in this one place.
+    """
+
+    kind: Literal["pin", "model", "tool", "restore"]
+    turn: int = 0
+    call_id: str = ""
+    offset: int = 0
+
+    @classmethod
+    def model(cls, turn: int) -> OperationKey:
+        return cls("model", turn=turn)
+
+    @classmethod
+    def tool(cls, turn: int, call_id: str) -> OperationKey:
+        return cls("tool", turn=turn, call_id=call_id)
+
+    @classmethod
+    def restore(cls, offset: int) -> OperationKey:
+        return cls("restore", offset=offset)
+
+    @classmethod
+    def parse(cls, text: str) -> OperationKey:
+        kind, _, rest = text.partition(":")
+        if kind == "model":
+            return cls.model(int(rest))
+        if kind == "tool":
+            turn, _, call_id = rest.partition(":")
+            return cls.tool(int(turn), call_id)
+        if kind == "restore":
+            return cls.restore(int(rest))
+        if kind == "pin" and not rest:
+            return cls("pin")
+        raise ValueError(f"not an operation key: {text!r}")
+
+    def interaction_id(self, policy: ToolPolicy) -> str:
+        """The id of the interaction a person answers for this tool call."""
+        return f"{'question' if policy.question else 'approval'}:{self.turn}:{self.call_id}"
+
+    def __str__(self) -> str:
+        if self.kind == "model":
+            return f"model:{self.turn}"
+        if self.kind == "tool":
+            return f"tool:{self.turn}:{self.call_id}"
+        if self.kind == "restore":
+            return f"restore:{self.offset}"
+        return "pin"
 
 
 class RunStatus(StrEnum):

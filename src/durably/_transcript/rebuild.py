@@ -31,6 +31,7 @@ from durably._transcript.cache import TranscriptCache
 from durably._transcript.digest import extend_digest, transcript_digest
 from durably.contract import (
     ErrorType,
+    Handler,
     MessageRef,
     ModelCallInput,
     TranscriptPage,
@@ -143,7 +144,7 @@ async def _fetch_message(workflow_id: str, position: int) -> Message:
     """One message of the run's transcript, by query."""
     handle = activity.client().get_workflow_handle(workflow_id)
     page: TranscriptPage = await handle.query(
-        "transcript", args=[position, 1], result_type=TranscriptPage
+        Handler.TRANSCRIPT, args=[position, 1], result_type=TranscriptPage
     )
     if not page.messages:
         raise ApplicationError(
@@ -160,7 +161,7 @@ async def _fetch_transcript(workflow_id: str, temporal_run_id: str | None = None
     messages: list[Message] = []
     while True:
         try:
-            page = await handle.query("transcript", len(messages), result_type=TranscriptPage)
+            page = await handle.query(Handler.TRANSCRIPT, len(messages), result_type=TranscriptPage)
         except RPCError as exc:
             if temporal_run_id is None or exc.status != RPCStatusCode.NOT_FOUND:
                 raise

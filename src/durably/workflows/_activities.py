@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         AgentPin,
         ModelCallInput,
         ModelCallResult,
+        OperationKey,
         PinRequest,
         RetrySpec,
         ToolCallInput,
@@ -37,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
         VerifyApprovalRequest,
     )
     from durably.messages import ToolResultMessage
-    from durably.workflows._machine import PIN, OperationKey
+    from durably.workflows._machine import PIN
 
 __all__ = [
     "describe",
