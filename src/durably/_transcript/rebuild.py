@@ -34,6 +34,7 @@ from durably.contract import (
     Handler,
     MessageRef,
     ModelCallInput,
+    OperationKey,
     TranscriptPage,
     TranscriptRestoreRequest,
 )
@@ -69,7 +70,7 @@ async def restored_transcript(
     return await rebuild_transcript(
         cache,
         run_id,
-        f"restore:{request.offset}",
+        str(OperationKey.restore(request.offset)),
         archive.base_length,
         archive.new,
         archive.digest,
