@@ -47,6 +47,7 @@ from durably.contract import (
     Interaction,
     JsonResolution,
     MessageRef,
+    ModelCallInput,
     ModelCallResult,
     OperationKey,
     QuestionResponse,
@@ -58,6 +59,7 @@ from durably.contract import (
     RunResult,
     RunState,
     RunStatus,
+    ToolCallInput,
     ToolPolicy,
     VerifyApprovalRequest,
     operation_id,
@@ -117,6 +119,9 @@ _PARKED = (RunStatus.FAILED, RunStatus.NEEDS_ATTENTION)
 INLINE_LIMIT = 8 * 2**10
 # Attention reasons an activity's failure details may name.
 _VERSION_REASONS = ("version_missing", "version_incompatible")
+# Continue-as-new thresholds before the pin names the registration's.
+_DEFAULT_CAN_EVENTS: int = AgentPin.model_fields["continue_as_new_events"].default
+_DEFAULT_CAN_BYTES: int = AgentPin.model_fields["continue_as_new_bytes"].default
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,35 @@ class RunMachine:
         if self._pin_digest is None:
             self._pin_digest = PIN_DIGEST_PREFIX + policy_digest(self.pin)
         return self._pin_digest
+
+    def continue_as_new_at(self) -> tuple[int, int]:
+        """The history length and size at which the run continues as new."""
+        pin = self.s.pin
+        if pin is None:  # the registration's defaults until the pin names its own
+            return _DEFAULT_CAN_EVENTS, _DEFAULT_CAN_BYTES
+        return pin.continue_as_new_events, pin.continue_as_new_bytes
+
+    def model_input(self, step: RequestModel) -> ModelCallInput:
+        """The model request of a turn: only what the model has not seen yet."""
+        return ModelCallInput(
+            agent_id=self.pin.agent_id,
+            version=self.pin.version,
+            fingerprint=self.pin_check(),
+            key=str(step.key),
+            base_length=self.s.sent_length,
+            new=self.unsent(),
+            digest=self.s.digest,
+        )
+
+    def tool_input(self, key: OperationKey, call: ToolCall) -> ToolCallInput:
+        return ToolCallInput(
+            agent_id=self.pin.agent_id,
+            version=self.pin.version,
+            fingerprint=self.pin_check(),
+            key=str(key),
+            call=call,
+            chain=self.s.chain,
+        )
 
     # -- what comes next -------------------------------------------------------------
 

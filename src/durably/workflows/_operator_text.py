@@ -17,7 +17,13 @@ with workflow.unsafe.imports_passed_through():
     from durably.contract import RESPOND_SIGNAL, Attention, Interaction, RunState, RunStatus
     from durably.tools import render_result
 
-__all__ = ["attention_details", "failed_details", "status_details", "waiting_details"]
+__all__ = [
+    "attention_details",
+    "failed_details",
+    "refused_details",
+    "status_details",
+    "waiting_details",
+]
 
 _ARGS_SHOWN = 1_000
 
@@ -81,3 +87,10 @@ def failed_details(run_id: str, error: str, retryable: bool) -> str:
         else "Retrying cannot fix this: cancel the run and start a new one."
     )
     return f"**Failed**: {md_text(error)}\n\n{then}"
+
+
+def refused_details(problem: str) -> str:
+    return (
+        f"**Failed**: the run's input was refused: {md_text(problem)}\n\n"
+        "Start a new run with a valid input."
+    )

@@ -52,7 +52,7 @@ from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from durably._text import md_code, md_text
+    from durably._text import md_code
     from durably._transcript import transcript_page
     from durably.contract import (
         SA_AGENT,
@@ -68,7 +68,6 @@ with workflow.unsafe.imports_passed_through():
         EventType,
         Handler,
         JsonResolution,
-        ModelCallInput,
         ModelCallResult,
         OperationKey,
         PinRequest,
@@ -82,7 +81,6 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         RunSnapshot,
         RunStatus,
-        ToolCallInput,
         ToolPolicy,
         TranscriptArchive,
         TranscriptPage,
@@ -108,7 +106,7 @@ with workflow.unsafe.imports_passed_through():
         RequestModel,
         RunMachine,
     )
-    from durably.workflows._operator_text import status_details
+    from durably.workflows._operator_text import refused_details, status_details
     from durably.workflows._run_input import initial_state, one_raw_argument
     from durably.workflows._snapshot import build_snapshot
     from durably.workflows._validation import Rejected, parse_request, rejection, short
@@ -126,9 +124,6 @@ PATCH_HARDENED = "durably-harden-outside-input"
 PATCHES: tuple[str, ...] = (PATCH_HARDENED,)
 
 T = TypeVar("T")
-# Thresholds before the pin names the registration's (AgentRegistration defaults).
-_DEFAULT_CAN_EVENTS = AgentPin.model_fields["continue_as_new_events"].default
-_DEFAULT_CAN_BYTES = AgentPin.model_fields["continue_as_new_bytes"].default
 # What a failed operation may raise: an activity's error, or a local activity's own.
 _OPERATION_ERRORS = (ActivityError, ApplicationError, ActivityTimeoutError, TemporalCancelledError)
 
@@ -198,10 +193,7 @@ class AgentRunWorkflow:
         """End a run whose start input durably cannot accept: failed, and visible as such."""
         self._m.refuse_input(problem)
         self._publish()
-        workflow.set_current_details(
-            f"**Failed**: the run's input was refused: {md_text(problem)}\n\n"
-            "Start a new run with a valid input."
-        )
+        workflow.set_current_details(refused_details(problem))
         raise ApplicationError(
             f"durably refused this run's input: {problem}",
             type=ErrorType.INVALID_RUN_INPUT.value,
@@ -253,37 +245,21 @@ class AgentRunWorkflow:
 
     async def _model(self, step: RequestModel) -> ModelCallResult:
         m = self._m
-        pin = m.pin
-        request = ModelCallInput(
-            agent_id=pin.agent_id,
-            version=pin.version,
-            fingerprint=m.pin_check(),
-            key=str(step.key),
-            base_length=m.s.sent_length,
-            new=m.unsent(),
-            digest=m.s.digest,
+        request = m.model_input(step)
+        workflow.set_current_details(
+            f"Waiting for the model (turn {step.turn} of {m.pin.max_turns})"
         )
-        workflow.set_current_details(f"Waiting for the model (turn {step.turn} of {pin.max_turns})")
-        result = await model_request(pin, request, step.turn)
+        result = await model_request(m.pin, request, step.turn)
         m.sent()
         return result
 
     async def _tool(self, key: OperationKey, call: ToolCall) -> tuple[ToolResultMessage, bool]:
         m = self._m
-        pin = m.pin
         workflow.set_current_details(
             f"Running tool {md_code(call.name)} ({md_code(str(key))}, "
-            f"recovery: {pin.tools[call.name].recovery})"
+            f"recovery: {m.pin.tools[call.name].recovery})"
         )
-        request = ToolCallInput(
-            agent_id=pin.agent_id,
-            version=pin.version,
-            fingerprint=m.pin_check(),
-            key=str(key),
-            call=call,
-            chain=m.s.chain,
-        )
-        return await tool_call(pin, request), False
+        return await tool_call(m.pin, m.tool_input(key, call)), False
 
     async def _operation(
         self,
@@ -358,9 +334,7 @@ class AgentRunWorkflow:
         continue as new again at once.
         """
         info = workflow.info()
-        pin = self._m.s.pin
-        events = pin.continue_as_new_events if pin else _DEFAULT_CAN_EVENTS
-        size = pin.continue_as_new_bytes if pin else _DEFAULT_CAN_BYTES
+        events, size = self._m.continue_as_new_at()
         return (
             info.get_current_history_length() - self._base_events >= events
             or info.get_current_history_size() - self._base_bytes >= size
