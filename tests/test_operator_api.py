@@ -73,7 +73,7 @@ from durably.errors import DurablyError
 from durably.messages import AssistantMessage, Message
 from durably.workflows._snapshot import build_snapshot
 
-from .conftest import Runtimes, echo, wait_for_status
+from .conftest import Runtimes, echo, history_length, wait_for_status
 
 # -- the snapshot, derived from state -----------------------------------------------
 
@@ -227,6 +227,72 @@ class TestSnapshotSent:
 
         assert sent.count(big.encode()) == 1
         assert dict(read) == dict(snap)
+
+
+class TestSnapshotWire:
+    """What the worker sends, for every status, reads back as the snapshot it built."""
+
+    @pytest.mark.parametrize("status", list(RunStatus))
+    def test_every_status_reads_back_whole(self, status: RunStatus) -> None:
+        fields: dict[str, Any] = {"status": status}
+        if status == RunStatus.WAITING:
+            fields["interaction"] = INTERACTION
+        elif status == RunStatus.NEEDS_ATTENTION:
+            fields["blocked_operation"] = "tool:1:c1"
+            fields["attention"] = Attention(
+                reason="tool_interrupted", detail={"tool": "refund", "args": {"a": 1}}
+            )
+        elif status == RunStatus.FAILED:
+            fields.update(error="boom", failed_operation="model:2")
+        elif status == RunStatus.COMPLETED:
+            fields["outcome"] = {"type": "completed", "output": "done"}
+        snap = build_snapshot("r1", _state(**fields), "now")
+
+        read = RunSnapshot.model_validate_json(to_json(snap))
+
+        assert dict(read) == dict(snap)
+        assert read.interaction == snap.interaction
+
+    def test_arguments_that_are_not_equal_to_themselves_are_still_sent_once(self) -> None:
+        """A model may write NaN in a call's arguments; large ones still go once."""
+        big = "x" * 1_200_000
+        state = _state(
+            status=RunStatus.WAITING,
+            interaction=INTERACTION.model_copy(update={"args": {"doc": big, "n": float("nan")}}),
+        )
+
+        sent = to_json(build_snapshot("r1", state, None))
+
+        assert sent.count(big.encode()) == 1 and len(sent) < 2 * len(big)
+
+    @pytest.mark.parametrize(
+        "attention",
+        [
+            {"reason": "tool_interrupted", "detail": {"args": {}}},  # no tool
+            {"reason": "version_missing", "detail": {}},  # no agent_id or version
+        ],
+    )
+    def test_an_attention_missing_its_fields_is_shown_as_it_came(
+        self, attention: dict[str, Any]
+    ) -> None:
+        snap = RunSnapshot.model_validate(
+            {"run_id": "r1", "agent_id": "a", "status": "needs_attention", "attention": attention}
+        )
+
+        assert isinstance(snap.attention, OtherAttention)
+        assert (snap.attention.reason, snap.attention.detail) == (
+            attention["reason"],
+            attention["detail"],
+        )
+
+    def test_an_attention_as_the_run_keeps_it_is_accepted(self) -> None:
+        kept = Attention(reason="tool_interrupted", detail={"tool": "refund"})
+
+        snap = RunSnapshot(
+            run_id="r1", agent_id="a", status=RunStatus.NEEDS_ATTENTION, attention=kept
+        )
+
+        assert isinstance(snap.attention, ToolInterrupted) and snap.attention.tool == "refund"
 
 
 class _OldAttention(BaseModel):
@@ -610,13 +676,26 @@ class TestApproveDenyAnswer:
         assert snap.output == result.output
         assert (snap.interactions, snap.interaction) == ([], None)
 
+    async def test_reading_snapshots_adds_nothing_to_history(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        run = await _waiting(client, runtimes, [])
+        before = await history_length(client, run)
+
+        for _ in range(3):
+            assert (await run.snapshot()).interaction is not None
+        await run.pending()
+
+        assert await history_length(client, run) == before
+        await run.cancel()
+
     async def test_deny_with_a_reason_reaches_the_model_and_the_tool_never_runs(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
         made: list[str] = []
         run = await _waiting(client, runtimes, made)
 
-        accepted = await run.deny("approval:1:c1", "over the limit", responder="bob")
+        accepted = await run.deny("approval:1:c1", reason="over the limit", responder="bob")
 
         assert accepted.approved is False
         assert json.loads((await run.result()).output or "") == [

@@ -13,7 +13,17 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from temporalio.common import SearchAttributeKey
 
 from durably.messages import AssistantMessage, Message, ToolCall, Usage
@@ -748,8 +758,26 @@ class RunSnapshot(_Model):
 
     @property
     def interaction(self) -> Interaction | None:
-        """The first pending interaction (the oldest), or None."""
+        """The first pending interaction (the oldest), or None. A property, not a field:
+        it is neither set by a constructor nor part of the snapshot's JSON."""
         return self.interactions[0] if self.interactions else None
+
+    @field_validator("attention", mode="wrap")
+    @classmethod
+    def _any_attention(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """An attention whose fields do not fit its reason (another release's) is shown
+        as it came, as `OtherAttention`, rather than making the snapshot unreadable."""
+        if isinstance(value, Attention):
+            value = value.model_dump()
+        try:
+            return handler(value)
+        except ValidationError:
+            data = value if isinstance(value, dict) else {}
+            detail = data.get("detail")
+            return OtherAttention(
+                reason=str(data.get("reason") or "unknown"),
+                detail=detail if isinstance(detail, dict) else {},
+            )
 
     @model_validator(mode="before")
     @classmethod

@@ -246,8 +246,8 @@ class RunHandle:
     async def deny(
         self,
         interaction: Interaction | str,
-        reason: str | None = None,
         *,
+        reason: str | None = None,
         responder: str | None = None,
         args_digest: str | None = None,
         keys: ApprovalKeys | None = None,

@@ -46,16 +46,20 @@ _DERIVED = ("interactions", "blocked_operations", "output")
 
 
 class _SentSnapshot(RunSnapshot):
-    """A snapshot that serializes each value once (see the module docstring)."""
+    """A snapshot that serializes each value once (see the module docstring).
+
+    The shape sent says everything while a run waits on one interaction at a
+    time; it is sent as is, never checked by a round trip (a NaN in a tool's
+    arguments is not equal to itself, and the check would parse every
+    snapshot a second time on the worker).
+    """
 
     @model_serializer(mode="wrap")
     def _once(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        full: dict[str, Any] = handler(self)
-        lean = {k: v for k, v in full.items() if k not in _DERIVED}
-        if full.get("attention") is not None:
-            lean["attention"] = {k: full["attention"][k] for k in ("reason", "detail")}
-        # Lossless or not at all: a state the legacy fields cannot express goes whole.
-        return lean if type(self).model_validate(lean) == self else full
+        sent: dict[str, Any] = {k: v for k, v in handler(self).items() if k not in _DERIVED}
+        if sent.get("attention") is not None:
+            sent["attention"] = {k: sent["attention"][k] for k in ("reason", "detail")}
+        return sent
 
 
 def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot:
