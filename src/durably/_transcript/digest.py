@@ -4,7 +4,9 @@
 `EMPTY_DIGEST`. The workflow and the model activity compute it with these
 functions, and it travels in history (`ModelCallInput.digest`,
 `TranscriptArchive.digest`), so a change to the encoding here breaks every
-run in flight. `encoded_size` reads the same JSON: it is what a message
+run in flight: the JSON is written by alias explicitly (a call's id is
+`"id"` on the wire), whatever a model's configuration says. `encoded_size`
+reads the same JSON: it is what a message
 costs in a payload, in the cache and in a page.
 """
 
@@ -26,7 +28,7 @@ _MESSAGE = TypeAdapter[Message](Message)
 def extend_digest(digest: str, message: Message) -> str:
     """The digest of a transcript after appending `message`."""
     h = hashlib.sha256(digest.encode())
-    h.update(_MESSAGE.dump_json(message))
+    h.update(_MESSAGE.dump_json(message, by_alias=True))
     return h.hexdigest()
 
 
@@ -40,4 +42,4 @@ def transcript_digest(messages: Sequence[Message]) -> str:
 
 def encoded_size(message: Message) -> int:
     """The bytes `message` takes in a payload (its JSON, as the digest reads it)."""
-    return len(_MESSAGE.dump_json(message))
+    return len(_MESSAGE.dump_json(message, by_alias=True))

@@ -143,7 +143,7 @@ def _describe(step: Step) -> Any:
         return step if isinstance(step, str) else step.model_dump(mode="json")
     if callable(step):
         return {"function": _qualname(step)}
-    return [c.model_dump(mode="json") for c in step]
+    return [c.model_dump(mode="json", by_alias=True) for c in step]
 
 
 def last_tool_results(request: ModelRequest) -> list[ToolResultMessage]:
