@@ -26,6 +26,8 @@ from durably.contract import (
     RunState,
     RunStatus,
     ToolPolicy,
+    TranscriptArchive,
+    TranscriptPage,
 )
 from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, Usage
 from durably.workflows._continuation import _latest_answers, carried
@@ -311,6 +313,59 @@ class TestEnds:
         for _ in range(3):
             m.event("signal_rejected", detail="unknown signal 'x'")
         assert m.s.events[-1].count == 3 and events(m).count("signal_rejected") == 1
+
+
+class TestCancelAndLoss:
+    def test_cancelling_a_waiting_run_ends_it_cancelled(self) -> None:
+        m = machine()
+        answer(m, ("pay", {}))
+        m.ask(OperationKey.tool(1, "call_0"), m.unfinished_calls()[0], PIN.tools["pay"], now=NOW)
+        m.cancel()
+        assert m.s.status == RunStatus.CANCELLED and not m.s.status.unfinished
+
+    def test_cancelling_a_parked_run_ends_it_cancelled(self) -> None:
+        m = machine()
+        m.park(RunStatus.FAILED, error="boom", key=OperationKey.model(1))
+        m.cancel()
+        assert m.s.status == RunStatus.CANCELLED
+        assert events(m)[-2:] == ["run_failed", "run_cancelled"]
+
+    def test_a_lost_transcript_fails_the_run_for_good_whatever_it_waited_for(self) -> None:
+        m = machine()
+        answer(m, ("pay", {}))
+        m.ask(OperationKey.tool(1, "call_0"), m.unfinished_calls()[0], PIN.tools["pay"], now=NOW)
+        m.lose_transcript("the previous run is gone", OperationKey.restore(0))
+        s = m.s
+        assert (s.status, s.retryable, s.failed_operation) == (RunStatus.FAILED, False, "restore:0")
+        assert s.interaction is None and s.outcome is None
+        with pytest.raises(Rejected, match="retrying cannot fix"):
+            m.check_retry()
+
+    def test_a_restored_transcript_comes_page_by_page_to_its_length(self) -> None:
+        source = machine()
+        answer(source, text="done")
+        archive = TranscriptArchive(
+            run_id="prev", length=2, digest=source.s.digest, base_length=2, new=[]
+        )
+        m = RunMachine(
+            RunState(agent_id="desk", input="", digest=source.s.digest, archive=archive),
+            run_id="run-1",
+            hardened=True,
+            clock=lambda: NOW,
+        )
+        first = m.next_page(archive)
+        assert first is not None and str(first) == "restore:0"
+        m.restored_page(
+            archive, TranscriptPage(offset=0, messages=source.s.transcript[:1], total=2)
+        )
+        second = m.next_page(archive)
+        assert second is not None and str(second) == "restore:1"
+        m.restored_page(
+            archive, TranscriptPage(offset=1, messages=source.s.transcript[1:] * 3, total=2)
+        )
+        assert m.next_page(archive) is None and m.s.transcript == source.s.transcript
+        m.restored(archive)
+        assert m.s.archive is None and events(m) == ["transcript_restored"]
 
 
 class TestContinuation:

@@ -16,12 +16,16 @@ waiting                 running              answered, denied, timed out (`take_
 running                 needs_attention      a manual call's outcome is unknown, the
                                              pinned version is missing or changed (`park`)
 running                 failed               an operation failed for good, no turns left
-                                             (`park`), the start input was refused
-                                             (`refuse_input`)
+                                             (`park`), the transcript is lost
+                                             (`lose_transcript`)
 needs_attention/failed  running              an operator decided (`decided`)
 running                 completed            a final answer (`complete`)
 any unfinished          cancelled            the run was cancelled (`cancel`)
 ======================  ===================  ==========================================
+
+A run whose start input was refused starts `failed` (`_run_input.initial_state`;
+`refuse_input` records why). `retry_wait` is not a state of the workflow's: the
+client derives it from the model activity's pending retry (`RunHandle.snapshot`).
 
 A turn holds a set of operations: `next_step` hands out every call of the
 latest model answer that has no result yet.
@@ -61,6 +65,8 @@ from durably.contract import (
     RunStatus,
     ToolCallInput,
     ToolPolicy,
+    TranscriptArchive,
+    TranscriptPage,
     VerifyApprovalRequest,
     operation_id,
 )
@@ -299,6 +305,20 @@ class RunMachine:
         """The model request saw the whole transcript."""
         self.s.sent_length = len(self.s.transcript)
         self.s.refs.clear()
+
+    def next_page(self, archive: TranscriptArchive) -> OperationKey | None:
+        """The restore of the next page of the previous run's transcript (None: whole)."""
+        offset = len(self.s.transcript)
+        return OperationKey.restore(offset) if offset < archive.length else None
+
+    def restored_page(self, archive: TranscriptArchive, page: TranscriptPage) -> None:
+        offset = len(self.s.transcript)
+        self.s.transcript.extend(page.messages[: archive.length - offset])
+
+    def restored(self, archive: TranscriptArchive) -> None:
+        """The transcript is whole again: the run goes on where its predecessor stopped."""
+        self.s.archive = None
+        self.event(EventType.TRANSCRIPT_RESTORED, detail=f"{archive.length} messages")
 
     # -- transitions -----------------------------------------------------------------
 

@@ -405,17 +405,14 @@ class AgentRunWorkflow:
                 f"Restoring the transcript ({archive.length} messages) from the previous run "
                 f"{md_code(archive.run_id)}"
             )
-        while len(s.transcript) < archive.length:
-            offset = len(s.transcript)
-            key = OperationKey.restore(offset)
-            restore = partial(restore_page, archive, offset, hardened=self._hardened)
+        while (key := self._m.next_page(archive)) is not None:
+            restore = partial(restore_page, archive, key.offset, hardened=self._hardened)
             if self._hardened:
                 page = await self._restore_or_end(key, restore)
             else:
                 page = await self._operation(key, restore)
-            s.transcript.extend(page.messages[: archive.length - offset])
-        s.archive = None
-        self._m.event(EventType.TRANSCRIPT_RESTORED, detail=f"{archive.length} messages")
+            self._m.restored_page(archive, page)
+        self._m.restored(archive)
         info = workflow.info()
         self._base_events = info.get_current_history_length()
         self._base_bytes = info.get_current_history_size()
