@@ -196,7 +196,7 @@ async def test_approve_sends_the_digest_it_printed_and_a_stale_digest_runs_nothi
     assert "the arguments differ from what you reviewed" in err
     code, _, err = await approve("--interaction", "approval:1:other")
     assert code == 1
-    assert "approval:1:other is not the call run" in err
+    assert "approval:1:other is not a call run" in err
     assert "it waits on approval:1:c1" in err
     assert "nothing was approved" in err
     code, out, err = await approve()

@@ -498,3 +498,19 @@ class TestEndToEnd:
         assert seen[1]["content"].startswith(
             "invalid arguments for 'refund_order': amount_cents: Input should be a valid integer"
         )
+
+
+def test_one_model_described_as_one_argument_is_refused_saying_which_form_it_is() -> None:
+    """`(ctx, to: Address)` is the model form: the schema is Address's fields, so a
+    docstring describing `to` as one argument would mislead the model."""
+
+    with pytest.raises(RegistrationError, match="takes one pydantic model, 'to'"):
+
+        @tool
+        async def send(ctx: ToolContext, to: Address) -> str:
+            """Send a parcel.
+
+            Args:
+                to: Where it goes.
+            """
+            return "sent"

@@ -243,6 +243,13 @@ def read_signature(fn: Callable[..., Any], context: type) -> ToolSignature:
         return ToolSignature(input_model=model, execute=fn, description=doc)
     if len(others) == 1 and others[0].kind not in _VARIADIC and _is_model(bare.get(others[0].name)):
         model = bare[others[0].name]
+        if others[0].name in parse_docstring(doc, where).params:
+            raise RegistrationError(
+                f"{where}: takes one pydantic model, {others[0].name!r}, so the model's fields "
+                f"are the tool's arguments, but the docstring's Args section describes "
+                f"{others[0].name!r} as one argument. Describe the fields on the model "
+                "(Field(description=...)), or add a parameter to take the model as one argument"
+            )
         return ToolSignature(
             input_model=model,
             execute=_caller(fn, params, ctx_param, model_param=others[0].name),

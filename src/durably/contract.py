@@ -123,7 +123,7 @@ class Handler(StrEnum):
     RESPOND_SIGNAL = "respond_signal"
 
 
-RESPOND_SIGNAL = Handler.RESPOND_SIGNAL.value
+RESPOND_SIGNAL = Handler.RESPOND_SIGNAL.value  # 0.1.0's name for it; prefer `Handler`
 
 
 class ErrorType(StrEnum):
@@ -151,7 +151,7 @@ class ErrorType(StrEnum):
     RESULT_TOO_LARGE = "DurablyResultTooLarge"
 
 
-INVALID_RUN_INPUT = ErrorType.INVALID_RUN_INPUT.value
+INVALID_RUN_INPUT = ErrorType.INVALID_RUN_INPUT.value  # 0.1.0's name; prefer `ErrorType`
 
 
 class EventType(StrEnum):
@@ -227,8 +227,7 @@ class OperationKey:
     """An operation's checkpoint key: the activity id, and part of its operation id.
 
     The run protocol writes it as `pin`, `model:{turn}`, `tool:{turn}:{call_id}`
-    or `restore:{offset}` (in activity ids and in state); `parse` reads that
-    form back, in this one place.
+    or `restore:{offset}` (in activity ids, operation ids and state).
     """
 
     kind: Literal["pin", "model", "tool", "restore"]
@@ -247,20 +246,6 @@ class OperationKey:
     @classmethod
     def restore(cls, offset: int) -> OperationKey:
         return cls("restore", offset=offset)
-
-    @classmethod
-    def parse(cls, text: str) -> OperationKey:
-        kind, _, rest = text.partition(":")
-        if kind == "model":
-            return cls.model(int(rest))
-        if kind == "tool":
-            turn, _, call_id = rest.partition(":")
-            return cls.tool(int(turn), call_id)
-        if kind == "restore":
-            return cls.restore(int(rest))
-        if kind == "pin" and not rest:
-            return cls("pin")
-        raise ValueError(f"not an operation key: {text!r}")
 
     def interaction_id(self, policy: ToolPolicy) -> str:
         """The id of the interaction a person answers for this tool call."""
@@ -569,7 +554,7 @@ class Answer(_Model):
     answer: str
 
 
-QuestionResponse = Answer  # the name the workflow's validation knows it by
+QuestionResponse = Answer  # 0.1.0's name for it, kept for one release
 
 Response = Annotated[ApprovalResponse | Answer, Field(discriminator="type")]
 

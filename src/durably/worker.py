@@ -247,14 +247,14 @@ async def run_worker(
 def main() -> None:
     """`python -m durably.worker`: the same as `durably worker` (or `python -m durably worker`).
 
-    The command line is run by its name, not imported: the CLI imports this
-    module, and this module never imports the CLI.
+    The CLI is imported here, when the command runs, not with this module:
+    the CLI imports this module, and an import at the top would be a cycle.
     """
-    import runpy
     import sys
 
-    sys.argv[1:1] = ["worker"]
-    runpy.run_module("durably", run_name="__main__")
+    from durably.cli import main as cli_main
+
+    cli_main(["worker", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from durably.approvals import ENV_KEYS, ENV_KEYS_FILE, ApprovalKeys
 from durably.cli._connection import Connection, RunId, TaskQueue, command
 from durably.cli._terminal import clip, console, err_console, safe
 from durably.client import DurableClient, RunHandle
-from durably.contract import DEFAULT_TASK_QUEUE, Interaction, RunStatus
+from durably.contract import DEFAULT_TASK_QUEUE, Interaction
 from durably.errors import DurablyError
 
 Responder = Annotated[
@@ -302,19 +302,18 @@ async def answer(
     """Answer the question a run is waiting on."""
     run = await conn.get_run(run_id)
     if interaction is None:
-        pending, status = await _pending(run)
-        if pending is None:
+        waiting, status = await _pending(run)
+        if not waiting:
             raise _nothing_pending(run.run_id, status)
-        interaction = pending.id
+        interaction = waiting[0].id
     accepted = await run.answer(interaction, text, responder=responder)
     console.print(safe(f"{interaction} of run {run_id}: answered by {accepted.responder}."))
 
 
-async def _pending(run: RunHandle) -> tuple[Interaction | None, str]:
-    """The interaction the run waits on (None: none), and the run's status."""
+async def _pending(run: RunHandle) -> tuple[list[Interaction], str]:
+    """The interactions the run waits on, oldest first, and the run's status."""
     snap = await run.snapshot()
-    pending = snap.interaction if snap.status == RunStatus.WAITING else None
-    return pending, snap.status.value
+    return snap.interactions, snap.status.value
 
 
 def _nothing_pending(run_id: str, status: str) -> DurablyError:
@@ -338,20 +337,22 @@ async def _decide(
     without it, a run id reused by another run, or a call that changed since
     the snapshot was read, would get the same decision for other arguments.
     """
-    pending, status = await _pending(run)
-    if pending is None and interaction_id is None:
+    waiting, status = await _pending(run)
+    if not waiting and interaction_id is None:
         raise _nothing_pending(run.run_id, status)
     verdict = "approved" if approved else "denied"
-    if pending is not None and interaction_id in (None, pending.id):
+    named = [i for i in waiting if interaction_id in (None, i.id)]
+    pending = named[0] if named else None
+    if pending is not None:
         target: Interaction | str = pending
     elif digest is not None:  # the operator names the call by its digest
-        target, pending = str(interaction_id), None
+        target = str(interaction_id)
     else:
-        now = f"it waits on {pending.id}" if pending is not None else "it waits on none"
+        ids = ", ".join(i.id for i in waiting) or "none"
         raise DurablyError(
-            f"{interaction_id} is not the call run {run.run_id} waits for approval on ({now}), "
-            f"so nothing was {verdict}. Omit --interaction to decide on the pending call, or "
-            "pass the --digest you reviewed"
+            f"{interaction_id} is not a call run {run.run_id} waits for approval on (it waits "
+            f"on {ids}), so nothing was {verdict}. Omit --interaction to decide on the oldest "
+            "pending call, or pass the --digest you reviewed"
         )
     keys = _keys(pending) if pending is not None and pending.signed else None
     decide = run.approve if approved else run.deny

@@ -43,6 +43,7 @@ from durably._transcript import extend_digest
 from durably.contract import (
     PIN_DIGEST_PREFIX,
     AgentPin,
+    Answer,
     ApprovalResponse,
     Attention,
     ErrorResolution,
@@ -54,7 +55,6 @@ from durably.contract import (
     ModelCallInput,
     ModelCallResult,
     OperationKey,
-    QuestionResponse,
     RerunResolution,
     ResolveToolRequest,
     RespondAccepted,
@@ -569,7 +569,7 @@ class RunMachine:
 
     def check_response(
         self, request: RespondRequest
-    ) -> tuple[RespondAccepted, bool, ApprovalResponse | QuestionResponse]:
+    ) -> tuple[RespondAccepted, bool, ApprovalResponse | Answer]:
         """See `_validation.check_response`."""
         return check_response(self.run_id, self.s, request, strict=self.hardened)
 
@@ -602,11 +602,11 @@ class RunMachine:
         )
 
     def accept_response(
-        self, accepted: RespondAccepted, response: ApprovalResponse | QuestionResponse
+        self, accepted: RespondAccepted, response: ApprovalResponse | Answer
     ) -> None:
         self.s.answered[accepted.interaction_id] = accepted
         reason = response.reason if isinstance(response, ApprovalResponse) else None
-        answer = response.answer if isinstance(response, QuestionResponse) else None
+        answer = response.answer if isinstance(response, Answer) else None
         self._texts[accepted.interaction_id] = (reason, answer)
         who = f" by {accepted.responder}" if accepted.responder else ""
         if accepted.identity:

@@ -14,7 +14,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from durably._text import md_code, md_text
-    from durably.contract import RESPOND_SIGNAL, Attention, Interaction, RunState, RunStatus
+    from durably.contract import Attention, Handler, Interaction, RunState, RunStatus
     from durably.tools import render_result
 
 __all__ = [
@@ -53,7 +53,7 @@ def waiting_details(run_id: str, interaction: Interaction) -> str:
             f"**Waiting for an answer** ({md_code(interaction.id)}): "
             f"{md_text(interaction.question or '')}\n\n"
             f"Answer with `durably answer` {run} `TEXT --as NAME`, or signal "
-            f"{md_code(RESPOND_SIGNAL)}."
+            f"{md_code(Handler.RESPOND_SIGNAL.value)}."
         )
     args = render_result(interaction.args)
     if len(args) > _ARGS_SHOWN:

@@ -22,11 +22,11 @@ from durably.contract import (
     MAX_NAME_CHARS,
     MAX_REASON_CHARS,
     MAX_TOKEN_CHARS,
+    Answer,
     ApprovalResponse,
     ErrorResolution,
     ErrorType,
     JsonResolution,
-    QuestionResponse,
     RerunResolution,
     Resolution,
     ResolveToolRequest,
@@ -50,7 +50,7 @@ __all__ = [
 _RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = TypeAdapter(
     Resolution
 )
-_RESPONSE: TypeAdapter[ApprovalResponse | QuestionResponse] = TypeAdapter(Response)
+_RESPONSE: TypeAdapter[ApprovalResponse | Answer] = TypeAdapter(Response)
 
 
 def short(value: Any, limit: int = 200) -> str:
@@ -186,7 +186,7 @@ def check_retry(run_id: str, s: RunState) -> None:
 
 def check_response(
     run_id: str, s: RunState, request: RespondRequest, *, strict: bool
-) -> tuple[RespondAccepted, bool, ApprovalResponse | QuestionResponse]:
+) -> tuple[RespondAccepted, bool, ApprovalResponse | Answer]:
     """The acceptance of a response, whether it is new (False: a harmless repeat),
     and the response itself.
 
@@ -242,7 +242,7 @@ def check_response(
             "from a key the worker holds, for an approver on the registration's allow-list",
         )
     approval = response if isinstance(response, ApprovalResponse) else None
-    answer = response.answer if isinstance(response, QuestionResponse) else None
+    answer = response.answer if isinstance(response, Answer) else None
     accepted = RespondAccepted(
         interaction_id=iid,
         type=kind,
@@ -274,7 +274,7 @@ def check_response(
     )
 
 
-def _check_bounds(request: RespondRequest, response: ApprovalResponse | QuestionResponse) -> None:
+def _check_bounds(request: RespondRequest, response: ApprovalResponse | Answer) -> None:
     """What one response may hold: see `durably.contract.MAX_*`."""
     for field, value in (("responder", request.responder), ("identity", request.identity)):
         if value is not None and (len(value) > MAX_NAME_CHARS or CONTROL_CHARACTERS.search(value)):
@@ -283,7 +283,7 @@ def _check_bounds(request: RespondRequest, response: ApprovalResponse | Question
                 f"{field} must be at most {MAX_NAME_CHARS} characters with no control "
                 f"characters; got {short(value, 60)}",
             )
-    if isinstance(response, QuestionResponse):
+    if isinstance(response, Answer):
         size = len(response.answer.encode("utf-8", "surrogatepass"))
         if size > MAX_ANSWER_BYTES:
             raise rejection(

@@ -61,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         SEARCH_ATTRIBUTES,
         WORKFLOW_TYPE,
         AgentPin,
+        Answer,
         ApprovalResponse,
         Attention,
         ErrorResolution,
@@ -71,7 +72,6 @@ with workflow.unsafe.imports_passed_through():
         ModelCallResult,
         OperationKey,
         PinRequest,
-        QuestionResponse,
         ResolveToolAccepted,
         ResolveToolRequest,
         RespondAccepted,
@@ -500,7 +500,7 @@ class AgentRunWorkflow:
         return accepted
 
     async def _verify_signature(
-        self, request: RespondRequest, response: ApprovalResponse | QuestionResponse
+        self, request: RespondRequest, response: ApprovalResponse | Answer
     ) -> None:
         """Check a signed decision worker-side, with keys history never sees; raise if not."""
         m = self._m
