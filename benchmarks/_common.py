@@ -35,8 +35,6 @@ from temporalio.common import SearchAttributeKey
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.testing import WorkflowEnvironment
 
-from durably.dev import DEV_SERVER_ARGS, find_temporal
-
 TOOL_NAME = "fetch_page"
 RESULT_BYTES = 2_000
 INSTRUCTIONS = "Fetch pages until told to stop."
@@ -86,6 +84,10 @@ async def dev_server(
         Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet))),
         error_if_already_set=False,
     )
+    # Imported here, not with the module: the floor's workflow imports this module
+    # inside the sandbox, and importing durably there made every floor run slower.
+    from durably.dev import DEV_SERVER_ARGS, find_temporal
+
     extra = list(DEV_SERVER_ARGS)
     if metrics_port is not None:
         extra += ["--metrics-port", str(metrics_port)]
