@@ -23,6 +23,7 @@ from durably import (
     RunStatus,
     ScriptedModel,
     ToolContext,
+    VersionMissing,
     tool,
 )
 from durably.dev import DevServer
@@ -236,10 +237,12 @@ class TestVersions:
             assert (await run.result()).output == "refunded A1"
         await record_history(client, run.run_id, "version_missing_then_retried")
 
-    async def test_a_run_for_an_agent_no_worker_hosts_fails_at_the_pin_until_retried(
+    async def test_a_run_for_an_agent_no_worker_hosts_needs_attention_until_retried(
         self, client: DurableClient
     ) -> None:
-        """The pin (a local activity) fails, says what to do, and replays to the same snapshot."""
+        """The seed's version_missing at the pin: nothing is called, the run waits in
+        needs_attention saying what to do, replays to the same snapshot, and `retry()`
+        after registering the agent continues it."""
         calls: list[str] = []
         other = Agent(id="other", model=ScriptedModel(["hi"]), instructions="", tools=[])
         refunder = AgentRegistration(approval_agent("v1", calls), version="1")
@@ -249,23 +252,31 @@ class TestVersions:
         ) as rt:
             await rt.resume()
             run = await client.start_run("refunder", "refund A1")
-            failed = await wait_for_status(run, RunStatus.FAILED)
-        assert failed.error is not None
-        assert "agent 'refunder' is not registered on this worker" in failed.error
-        assert "Register it with DurableRuntime.register_agents" in failed.error
-        assert [e.type for e in failed.events] == ["run_failed"]
+            parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        attention = parked.attention
+        assert isinstance(attention, VersionMissing)
+        assert (attention.agent_id, attention.version) == ("refunder", None)
+        assert "agent 'refunder' is not registered on this worker" in (attention.last_error or "")
+        assert "Register it with DurableRuntime.register_agents" in (attention.last_error or "")
+        assert (parked.current or "").startswith("**Needs attention**")
+        assert [e.type for e in parked.events] == ["needs_attention"]
+        assert calls == []
 
         # A new worker replays the run from its history: the same snapshot.
         async with await DurableRuntime.open(client=client, agents=[refunder]) as rt:
             await rt.resume()
-            assert await run.snapshot() == failed
+            assert await run.snapshot() == parked
             await run.retry()
             snap = await wait_for_status(run, RunStatus.WAITING)
-            assert [e.type for e in snap.events][:3] == ["run_failed", "retried", "agent_pinned"]
+            assert [e.type for e in snap.events][:3] == [
+                "needs_attention",
+                "retried",
+                "agent_pinned",
+            ]
             await run.respond("approval:1:c1", APPROVE, responder="alice")
             assert (await run.result()).output == "refunded A1"
         assert calls == ["model v1", "tool A1", "model v1"]
-        await record_history(client, run.run_id, "failed_at_pin_then_retried")
+        await record_history(client, run.run_id, "version_missing_at_pin_then_retried")
 
 
 class TestRegistry:

@@ -139,7 +139,7 @@ class ErrorType(StrEnum):
     INVALID_RESPONSE = "InvalidResponseError"
     # How a run whose start input was refused fails.
     INVALID_RUN_INPUT = "DurablyInvalidRunInput"
-    AGENT_NOT_REGISTERED = "DurablyAgentNotRegistered"
+    AGENT_NOT_REGISTERED = "DurablyAgentNotRegistered"  # until issue 13; now VERSION_MISSING
     VERSION_MISSING = "DurablyVersionMissing"
     VERSION_INCOMPATIBLE = "DurablyVersionIncompatible"
     MODEL_ERROR = "DurablyModelError"
@@ -656,8 +656,10 @@ class ToolInterrupted(_KnownAttention):
 
 
 class _VersionAttention(_KnownAttention):
+    """`version` is None for a run that asked for the newest version of its agent."""
+
     agent_id: str
-    version: str
+    version: str | None = None
     last_error: str | None = None
 
 

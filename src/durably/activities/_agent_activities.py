@@ -117,11 +117,18 @@ class AgentActivities:
             wanted = f"agent {request.agent_id!r}" + (
                 f" version {request.version!r}" if request.version else ""
             )
+            # The seed's `version_missing`: the run waits in needs_attention, having
+            # called nothing, until the agent is registered and the run retried.
             raise ApplicationError(
                 f"{wanted} is not registered on this worker (it hosts: "
                 f"{self.registry.describe()}). Register it with DurableRuntime.register_agents "
                 "or `durably worker --agents module:attr`, then retry the run.",
-                type=ErrorType.AGENT_NOT_REGISTERED,
+                {
+                    "reason": "version_missing",
+                    "agent_id": request.agent_id,
+                    "version": request.version,
+                },
+                type=ErrorType.VERSION_MISSING,
                 non_retryable=True,
             )
         return registration.pin()
