@@ -702,7 +702,7 @@ class TestParkedRunsContinueAsNew:
     async def test_a_run_parked_before_its_pin_carries_its_input_once(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        """A run of an agent no worker hosts yet fails at its pin; flooded, it continues as
+        """A run of an agent no worker hosts yet waits at its pin; flooded, it continues as
         new with its 1 MB input carried once (twice was past the payload limit), and
         once the agent is registered, `retry()` finishes it with the whole input."""
         seen: list[int] = []
@@ -713,7 +713,7 @@ class TestParkedRunsContinueAsNew:
 
         runtime = await runtimes.start([])
         run = await client.start_run("late", "y" * 1_000_000)
-        await wait_for_status(run, RunStatus.FAILED)
+        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
         handle = client.temporal.get_workflow_handle(run.run_id)
 
         junk = {"interaction_id": "nope", "response": {"junk": "j" * 1_900_000}}
@@ -725,7 +725,7 @@ class TestParkedRunsContinueAsNew:
         assert continued.input.ByteSize() < 1_300_000
         agent = Agent(id="late", model=FunctionModel(model, name="late"), instructions="")
         runtime.register_agents([AgentRegistration(agent, version="1")])
-        await wait_for_status(run, RunStatus.FAILED)
+        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
         await run.retry()
         await asyncio.wait_for(run.result(), 30)
         assert seen == [1_000_000]
