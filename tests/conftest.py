@@ -288,8 +288,12 @@ async def wait_for_interaction(
         while True:
             with contextlib.suppress(RPCError):
                 snap = await run.snapshot()
-                pending = (snap.outcome or {}).get("interaction") or {}
-                if snap.status == RunStatus.WAITING and pending.get("id") == interaction_id:
+                pending = snap.interaction
+                if (
+                    snap.status == RunStatus.WAITING
+                    and pending is not None
+                    and pending.id == interaction_id
+                ):
                     return snap
             await asyncio.sleep(0.05)
 

@@ -161,7 +161,7 @@ async def test_dev_demo_completes_a_run_and_ctrl_c_leaves_no_process(tmp_path: P
         snap = await (await client.get_run(run_id)).snapshot()
         assert snap.status == RunStatus.COMPLETED
         assert snap.agent_id == AGENT_ID
-        assert snap.outcome is not None and snap.outcome["output"] in output
+        assert snap.output is not None and snap.output in output
         assert await asyncio.to_thread(http_status, f"http://127.0.0.1:{ui_port}/") == 200
 
         missing = await durably_cli("runs", "show", "no-such-run", "--target", f"127.0.0.1:{port}")

@@ -30,6 +30,7 @@ from durably import (
     RunStatus,
     ScriptedModel,
     ToolContext,
+    ToolInterrupted,
     tool,
 )
 from durably.contract import SA_STATUS
@@ -184,10 +185,10 @@ class TestManualToolCrash:
 
         assert detected_after <= HEARTBEAT.total_seconds() + 5, detected_after
         assert snap.blocked_operation == "tool:1:c1"
-        assert snap.attention is not None
+        assert isinstance(snap.attention, ToolInterrupted)
         assert snap.attention.reason == "tool_interrupted"
-        assert snap.attention.detail["args"] == {"title": "vpn down"}
-        assert "timed out" in snap.attention.detail["last_error"]
+        assert snap.attention.args == {"title": "vpn down"}
+        assert "timed out" in (snap.attention.last_error or "")
         assert (
             await search_attribute(client, run, SA_STATUS, "needs_attention") == "needs_attention"
         )

@@ -49,6 +49,7 @@ from durably import (
     DurableClient,
     DurableConflictError,
     FunctionModel,
+    Interaction,
     InteractionConflictError,
     InvalidResponseError,
     ModelRequest,
@@ -655,10 +656,9 @@ def _recorded(before: RunSnapshot, after: RunSnapshot) -> list[RunEvent]:
     return new
 
 
-def _interaction(snap: RunSnapshot) -> dict[str, Any]:
-    assert snap.outcome is not None and snap.outcome["type"] == "interaction", snap
-    interaction: dict[str, Any] = snap.outcome["interaction"]
-    return interaction
+def _interaction(snap: RunSnapshot) -> Interaction:
+    assert snap.interaction is not None, snap
+    return snap.interaction
 
 
 def _failure_text(err: BaseException) -> str:
@@ -678,7 +678,7 @@ async def parked_approval(bench: Bench) -> tuple[RunHandle, Pending]:
     second = _interaction(await bench.waiting_on(run, "approval:1:b"))
     return run, Pending(
         kinds={"approval:1:a": "tool-approval", "approval:1:b": "tool-approval"},
-        digests={"approval:1:a": first["args_digest"], "approval:1:b": second["args_digest"]},
+        digests={"approval:1:a": first.args_digest, "approval:1:b": second.args_digest},
         answered={"approval:1:a": (True, None, None)},
     )
 
@@ -686,8 +686,8 @@ async def parked_approval(bench: Bench) -> tuple[RunHandle, Pending]:
 async def parked_question(bench: Bench) -> tuple[RunHandle, Pending]:
     run = await bench.start("asker")
     snap = await bench.waiting_on(run, "question:1:call_ask_user")
-    iid = _interaction(snap)["id"]
-    return run, Pending(kinds={iid: "question"}, digests={iid: _interaction(snap)["args_digest"]})
+    iid = _interaction(snap).id
+    return run, Pending(kinds={iid: "question"}, digests={iid: _interaction(snap).args_digest})
 
 
 async def parked_blocked(bench: Bench) -> RunHandle:
@@ -1445,7 +1445,7 @@ async def test_a_call_awaiting_approval_with_huge_arguments_keeps_the_snapshot_r
 
     snap = await bench.waiting_on(run, "approval:1:a")
 
-    assert _interaction(snap)["args"] == big
+    assert _interaction(snap).args == big
     await run.respond("approval:1:a", APPROVE)
     await asyncio.wait_for(run.result(), 30)
     assert EXECUTED[run.run_id] == [("refund", big["order"])]

@@ -109,16 +109,16 @@ class TestApproval:
 
         snap = await wait_for_status(run, RunStatus.WAITING)
 
-        assert snap.outcome is not None and snap.outcome["type"] == "interaction"
-        interaction = snap.outcome["interaction"]
-        assert interaction["id"] == "approval:1:c1"
-        assert interaction["type"] == "tool-approval"
-        assert interaction["operation"] == "tool:1:c1"
-        assert (interaction["tool"], interaction["args"]) == (
+        interaction = snap.interaction
+        assert interaction is not None
+        assert interaction.id == "approval:1:c1"
+        assert interaction.type == "tool-approval"
+        assert interaction.operation == "tool:1:c1"
+        assert (interaction.tool, interaction.args) == (
             "refund",
             {"order": "A1", "amount": 30},
         )
-        assert len(interaction["args_digest"]) == 32
+        assert len(interaction.args_digest) == 32
         shown = 'of tool `refund` with `{"order":"A1","amount":30}`'
         assert f"Waiting for approval** (`approval:1:c1`) {shown}" in (snap.current or "")
         assert await search_attribute(client, run, SA_STATUS, "waiting") == "waiting"
@@ -126,7 +126,7 @@ class TestApproval:
 
         accepted = await run.respond(
             "approval:1:c1",
-            {**APPROVE, "args_digest": interaction["args_digest"]},
+            {**APPROVE, "args_digest": interaction.args_digest},
             responder="alice",
         )
         result = await run.result()
@@ -158,8 +158,8 @@ class TestApproval:
         run = await client.start_run("refunder", "refund both")
 
         first = await wait_for_status(run, RunStatus.WAITING)
-        assert first.outcome is not None
-        assert first.outcome["interaction"]["id"] == "approval:1:a"
+        assert first.interaction is not None
+        assert first.interaction.id == "approval:1:a"
         await run.respond("approval:1:a", APPROVE, responder="alice")
         await wait_for_interaction(run, "approval:1:b")
         await run.respond(
@@ -241,9 +241,9 @@ class TestResponses:
         await runtimes.start([AgentRegistration(agent, version="1")])
         run = await client.start_run("asker", "help me")
         snap = await wait_for_status(run, RunStatus.WAITING)
-        assert snap.outcome is not None
-        assert snap.outcome["interaction"]["type"] == "question"
-        assert snap.outcome["interaction"]["question"] == "Which order?"
+        assert snap.interaction is not None
+        assert snap.interaction.type == "question"
+        assert snap.interaction.question == "Which order?"
 
         await run.respond(
             "question:1:call_ask_user", {"type": "question", "answer": "A1"}, responder="carol"

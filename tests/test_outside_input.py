@@ -39,6 +39,7 @@ from durably import (
     ScriptedModel,
     ToolCall,
     ToolContext,
+    ToolInterrupted,
     ToolRetry,
     question_tool,
     tool,
@@ -567,7 +568,7 @@ class TestParkedRunsContinueAsNew:
         histories = await _continued(client, run, 2)
 
         after = await wait_for_interaction(run, "approval:1:b")
-        assert after.outcome == before.outcome
+        assert after.interaction == before.interaction
         approved = [e for e in after.events if e.type == "approved"]
         assert [e.operation for e in approved] == ["approval:1:a"]
         assert "by alice" in (approved[0].detail or "")
@@ -636,8 +637,8 @@ class TestParkedRunsContinueAsNew:
         await _continued(client, run, 2)
 
         snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
-        assert snap.attention is not None
-        assert snap.attention.detail["args"] == {"to": "bob", "cents": 5}
+        assert isinstance(snap.attention, ToolInterrupted)
+        assert snap.attention.args == {"to": "bob", "cents": 5}
         await run.resolve_tool("tool:1:c1", {"type": "error", "message": "not paid"})
         result = await asyncio.wait_for(run.result(), 30)
         assert json.loads(result.output or "") == [[True, "not paid"]]
@@ -685,13 +686,13 @@ class TestParkedRunsContinueAsNew:
         histories = await _continued(client, run, 2)
 
         async def restored() -> bool:  # the snapshot shows them again once restored
-            outcome = (await run.snapshot()).outcome or {}
-            return bool(outcome.get("interaction", {}).get("args"))
+            interaction = (await run.snapshot()).interaction
+            return interaction is not None and bool(interaction.args)
 
         await eventually(restored)
         snap = await wait_for_interaction(run, "approval:1:c1")
-        assert snap.outcome is not None
-        assert snap.outcome["interaction"]["args"]["to"] == "b" * 1_100_000
+        assert snap.interaction is not None
+        assert snap.interaction.args["to"] == "b" * 1_100_000
         continued = histories[0].events[-1].workflow_execution_continued_as_new_event_attributes
         assert continued.input.ByteSize() < 200_000
         await run.respond("approval:1:c1", APPROVE)
@@ -909,8 +910,8 @@ class TestActivityResults:
 
         snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
 
-        assert snap.attention is not None
-        error = snap.attention.detail["last_error"]
+        assert isinstance(snap.attention, ToolInterrupted)
+        error = snap.attention.last_error or ""
         assert "2,500,0" in error and "Temporal's 2 MiB payload limit" in error
         assert "make the tool return less" in error
 

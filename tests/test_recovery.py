@@ -20,6 +20,7 @@ from durably import (
     RunStatus,
     ScriptedModel,
     ToolContext,
+    ToolInterrupted,
     ToolRetry,
     tool,
 )
@@ -100,12 +101,12 @@ class TestManualTool:
         snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
 
         assert snap.blocked_operation == "tool:1:c1"
-        assert snap.attention is not None
+        assert isinstance(snap.attention, ToolInterrupted)
         assert snap.attention.reason == "tool_interrupted"
-        assert snap.attention.detail["tool"] == "create_ticket"
-        assert snap.attention.detail["args"] == {"title": "vpn"}
-        assert snap.attention.detail["attempts"] == 1
-        assert "ConnectionResetError: ticket service hung up" in snap.attention.detail["last_error"]
+        assert snap.attention.tool == "create_ticket"
+        assert snap.attention.args == {"title": "vpn"}
+        assert snap.attention.attempts == 1
+        assert "ConnectionResetError: ticket service hung up" in (snap.attention.last_error or "")
         assert "Check in the external system" in (snap.current or "")
         assert (
             await search_attribute(client, run, SA_STATUS, "needs_attention") == "needs_attention"

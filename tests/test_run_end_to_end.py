@@ -84,7 +84,7 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
     assert result.usage == Usage(requests=3, input_tokens=60, output_tokens=12)
     snap = await run.snapshot()
     assert snap.status == RunStatus.COMPLETED
-    assert snap.outcome == {"type": "completed", "output": "found: article about wifi"}
+    assert (snap.output, snap.interactions) == ("found: article about wifi", [])
     assert snap.agent_version == "1"
     assert snap.usage == result.usage
     types = [(e.type, e.operation) for e in snap.events]

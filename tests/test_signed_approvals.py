@@ -23,9 +23,11 @@ from durably import (
     Agent,
     AgentRegistration,
     DurableClient,
+    Interaction,
     InvalidResponseError,
     ModelRequest,
     RegistrationError,
+    RunHandle,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -74,12 +76,14 @@ class Bank:
         return AgentRegistration(agent, version="1", approvers={"pay": ["alice"]}, **options)
 
 
-async def _waiting(client: DurableClient, runtimes: Runtimes, bank: Bank) -> Any:
+async def _waiting(
+    client: DurableClient, runtimes: Runtimes, bank: Bank
+) -> tuple[RunHandle, Interaction]:
     await runtimes.start([bank.registration()], approval_keys=KEYS)
     run = await client.start_run("treasury", "pay bob")
     snap = await wait_for_interaction(run, "approval:1:c1")
-    assert snap.outcome is not None
-    return run, snap.outcome["interaction"]
+    assert snap.interaction is not None
+    return run, snap.interaction
 
 
 class TestSignedApprovals:
@@ -88,8 +92,9 @@ class TestSignedApprovals:
     ) -> None:
         bank = Bank()
         run, interaction = await _waiting(client, runtimes, bank)
-        assert interaction["signed"] is True
-        assert interaction["operation_id"].endswith("/tool:1:c1")
+        assert interaction.signed is True
+        assert interaction.operation_id is not None
+        assert interaction.operation_id.endswith("/tool:1:c1")
 
         response = KEYS.response(interaction, approved=True, approver="alice")
         accepted = await run.respond("approval:1:c1", response, responder="alice")

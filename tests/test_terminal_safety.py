@@ -180,8 +180,8 @@ async def test_approve_sends_the_digest_it_printed_and_a_stale_digest_runs_nothi
     await runtimes.start([AgentRegistration(agent, version="1")])
     run = await client.start_run("refunder", "refund A1")
     snap = await wait_for_status(run, RunStatus.WAITING)
-    assert snap.outcome is not None
-    digest = snap.outcome["interaction"]["args_digest"]
+    assert snap.interaction is not None
+    digest = snap.interaction.args_digest
     target = env.client.service_client.config.target_host
 
     async def approve(*args: str) -> tuple[int, str, str]:
