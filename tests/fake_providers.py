@@ -3,8 +3,8 @@
 Each fake is a stdlib `ThreadingHTTPServer` in a daemon thread. Every POST
 is recorded (path, headers, JSON body, arrival time) and answered with the
 next scripted `Reply`; when the script runs out the server answers a 400
-with `x-should-retry: false`, so a test that under-scripts fails fast with a
-message instead of hanging. Reply bodies are shaped like the providers' own
+naming that, so a test that under-scripts fails with a message (after its
+`model_retry` attempts) instead of hanging. Reply bodies are shaped like the providers' own
 (`chat.completion` objects, Anthropic `message` objects, their error
 envelopes), so the real SDK clients parse them as they would in production.
 """

@@ -279,21 +279,22 @@ class TestAnthropicRuns:
     async def test_a_classifier_given_to_the_model_decides_what_temporal_retries(
         self, client: DurableClient, runtimes: Runtimes, fake_anthropic: FakeAnthropic
     ) -> None:
-        """A 400 is permanent by default; this model's own classifier retries it."""
+        """Every error is retried by default; this model's own classifier stops a 400."""
         fake_anthropic.script(fake_anthropic.error(400), fake_anthropic.text("Done."))
         seen: list[BaseException] = []
 
-        def retry_everything(error: BaseException) -> ModelErrorVerdict:
+        def hopeless_if_bad_request(error: BaseException) -> ModelErrorVerdict:
             seen.append(error)
-            return ModelErrorVerdict(retryable=True)
+            return ModelErrorVerdict(retryable=type(error).__name__ != "BadRequestError")
 
-        model = fake_anthropic.model(classify_error=retry_everything)
+        model = fake_anthropic.model(classify_error=hopeless_if_bad_request)
         await runtimes.start([orders_agent(model, [])])
+        run = await client.start_run("orders", "Where is order A-1?")
 
-        _, result = await run_to_end(client)
+        with pytest.raises(RunFailedError, match="BadRequestError"):
+            await run.result(poll_interval=0.05)
 
-        assert result.output == "Done."
-        assert len(fake_anthropic.received) == 2
+        assert len(fake_anthropic.received) == 1
         assert [type(e).__name__ for e in seen] == ["BadRequestError"]
 
 
@@ -348,11 +349,23 @@ class TestBothProviders:
         assert after_429 >= 1.95  # the policy's backoff alone is capped at max_delay, 1 s
         assert result.usage == Usage(requests=1, input_tokens=10, output_tokens=5)
 
-    async def test_a_400_fails_the_run_without_a_retry(
+    async def test_a_400_is_retried_under_model_retry_like_any_error(
+        self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
+    ) -> None:
+        """The seed retries permanent provider errors too: model_retry decides how often."""
+        fake.script(fake.error(400, "messages: unknown field"), fake.text("Done."))
+        await runtimes.start([orders_agent(fake.model(), [])])
+
+        _, result = await run_to_end(client)
+
+        assert result.output == "Done."
+        assert len(fake.received) == 2
+
+    async def test_without_model_retry_a_400_fails_the_run_at_once(
         self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
     ) -> None:
         fake.script(fake.error(400, "messages: unknown field"))
-        await runtimes.start([orders_agent(fake.model(), [])])
+        await runtimes.start([orders_agent(fake.model(), [], model_retry=None)])
         run = await client.start_run("orders", "Where is order A-1?")
 
         with pytest.raises(RunFailedError, match="BadRequestError"):
@@ -625,19 +638,14 @@ async def sdk_error(fake: FakeProvider, status: int, headers: dict[str, str]) ->
 
 
 class TestClassifyError:
-    @pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 529])
-    async def test_timeouts_conflicts_rate_limits_and_5xx_are_retryable(
+    @pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 409, 422, 429, 500, 503, 529])
+    async def test_every_status_is_retryable_by_default(
         self, fake: FakeProvider, status: int
     ) -> None:
+        """Permanent provider errors included (the seed): model_retry bounds the attempts."""
         error = await sdk_error(fake, status, {})
 
         assert fake.model().classify_error(error) == ModelErrorVerdict(retryable=True)
-
-    @pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
-    async def test_other_4xx_are_permanent(self, fake: FakeProvider, status: int) -> None:
-        error = await sdk_error(fake, status, {})
-
-        assert fake.model().classify_error(error) == ModelErrorVerdict(retryable=False)
 
     @pytest.mark.parametrize(
         ("headers", "delay"),
@@ -665,15 +673,14 @@ class TestClassifyError:
         assert verdict.retry_after is not None
         assert timedelta(seconds=27) <= verdict.retry_after <= timedelta(seconds=31)
 
-    async def test_x_should_retry_overrides_the_status(self, fake: FakeProvider) -> None:
-        permanent_by_status = await sdk_error(fake, 400, {"x-should-retry": "true"})
-        retryable_by_status = await sdk_error(
-            fake, 503, {"x-should-retry": "false", "retry-after": "5"}
-        )
+    async def test_x_should_retry_false_no_longer_stops_a_retry(self, fake: FakeProvider) -> None:
+        """The server's hint was the SDK's own retry loop; durably retries as model_retry
+        says, after the delay the response asks for."""
+        error = await sdk_error(fake, 503, {"x-should-retry": "false", "retry-after": "5"})
 
-        model = fake.model()
-        assert model.classify_error(permanent_by_status) == ModelErrorVerdict(retryable=True)
-        assert model.classify_error(retryable_by_status) == ModelErrorVerdict(retryable=False)
+        verdict = fake.model().classify_error(error)
+
+        assert verdict == ModelErrorVerdict(True, retry_after=timedelta(seconds=5))
 
     async def test_connection_errors_and_timeouts_are_retryable(self, fake: FakeProvider) -> None:
         with socket.socket() as s:
@@ -695,7 +702,7 @@ class TestClassifyError:
     def test_an_error_outside_the_sdk_is_retryable(self, fake: FakeProvider) -> None:
         assert fake.model().classify_error(ValueError("bad")) == ModelErrorVerdict(True)
 
-    def test_openai_configuration_errors_are_permanent(
+    def test_openai_configuration_errors_are_retryable_too(
         self, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         import openai
@@ -706,7 +713,7 @@ class TestClassifyError:
 
         verdict = fake_openai.model().classify_error(missing_key.value)
 
-        assert verdict == ModelErrorVerdict(retryable=False)
+        assert verdict == ModelErrorVerdict(retryable=True)  # stop it with classify_error
 
     def test_a_classifier_given_to_the_model_replaces_the_built_in_one(
         self, fake: FakeProvider

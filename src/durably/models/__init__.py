@@ -6,11 +6,12 @@
 - `FunctionModel` and `ScriptedModel` answer from plain Python, for tests and
   the offline demo.
 
-Provider errors become a `ModelErrorVerdict` for Temporal's retries: with
-`x-should-retry: true|false` the server decides; otherwise 408, 409, 429,
-5xx, connection errors and timeouts are retryable and other 4xx are not;
+Provider errors become a `ModelErrorVerdict` for Temporal's retries. Under
+`model_retry` every error of a completion attempt is retried, a 400 or a
+validation error included (the seed retries permanent errors too), and
 `retry-after-ms` or `Retry-After` (seconds or an HTTP date) sets the next
-retry delay. Each adapter takes `classify_error=` to judge errors its own way.
+retry delay. Each adapter takes `classify_error=` to stop retrying errors you
+know are hopeless; without `model_retry` no error is retried.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ class AnthropicModel(ProviderModel["AsyncAnthropic"]):
     """
 
     _provider = "anthropic"
-    _sdk_error = "AnthropicError"
     _client_class = "AsyncAnthropic"
     _base_url_env = "ANTHROPIC_BASE_URL"
     _example_model = "claude-sonnet-4-5"

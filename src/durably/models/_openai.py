@@ -68,7 +68,6 @@ class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
     """
 
     _provider = "openai"
-    _sdk_error = "OpenAIError"
     _client_class = "AsyncOpenAI"
     _base_url_env = "OPENAI_BASE_URL"
     _example_model = "gpt-4o-mini"

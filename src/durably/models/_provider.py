@@ -5,12 +5,12 @@ attempt. Its retries are invisible to the history, stretch the attempt past
 its heartbeat and start-to-close timeouts, and ignore the registration's
 `ModelRetry`. So `ProviderModel` gives every adapter's client (built, or a
 copy of one passed in) `max_retries=0`, and what the SDK would have decided
-becomes a `ModelErrorVerdict` for Temporal:
-
-- `x-should-retry: true|false` decides when the server sends it;
-- otherwise 408, 409, 429 and every 5xx are retryable, other statuses are not;
-- `retry-after-ms`, else `Retry-After` (seconds or an HTTP date), becomes
-  the next retry delay in place of the policy's backoff.
+becomes a `ModelErrorVerdict` for Temporal. Under `model_retry` every error
+of the completion attempt is retried, permanent ones (a 400, a validation
+error) included, as the seed says: the default verdict never stops one, and
+`retry-after-ms`, else `Retry-After` (seconds or an HTTP date), becomes the
+next retry delay in place of the policy's backoff. Only a `classify_error`
+the user gives stops retries explicitly.
 
 Keeping the client, the server and the identity in one base also keeps the
 adapters' fingerprints built the same way: an adapter adds only its SDK's
@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from durably.messages import ModelRequest, ModelResponse
-from durably.models._base import PERMANENT, RETRYABLE, ErrorClassifier, ModelErrorVerdict
+from durably.models._base import RETRYABLE, ErrorClassifier, ModelErrorVerdict
 
 __all__ = [
     "ProviderModel",
@@ -40,9 +40,6 @@ __all__ = [
     "import_sdk",
     "retry_after",
 ]
-
-
-_RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 
 class _SDKClient(Protocol):
@@ -71,8 +68,6 @@ class ProviderModel(ABC, Generic[_ClientT]):
     """The SDK package, the extra that installs it, and `identity["provider"]`."""
     _client_class: ClassVar[str]
     """The SDK's async client class, e.g. `AsyncOpenAI`."""
-    _sdk_error: ClassVar[str]
-    """The SDK's root exception class, e.g. `OpenAIError`."""
     _base_url_env: ClassVar[str]
     """The variable naming the server when no `base_url` is given."""
     _example_model: ClassVar[str]
@@ -162,23 +157,11 @@ class ProviderModel(ABC, Generic[_ClientT]):
 
     @classmethod
     def default_classify_error(cls, error: BaseException) -> ModelErrorVerdict:
-        """The built-in verdict on an error from the provider's SDK, or any other.
-
-        HTTP errors as `durably.models` documents; connection errors and
-        timeouts are retryable; the SDK's other errors, raised before a
-        request is sent (missing credentials, bad options), are not; anything
-        else is. Both SDKs name these classes alike.
-        """
+        """The built-in verdict: every error is retryable (under `model_retry`); an HTTP
+        error response's `retry-after-ms` / `Retry-After` sets the next delay."""
         sdk = importlib.import_module(cls._provider)
         if isinstance(error, sdk.APIStatusError):
             return http_verdict(error.status_code, error.response.headers)
-        # RetryableError: newer Anthropic SDKs only.
-        names = ("APIConnectionError", "APIResponseValidationError", "RetryableError")
-        retryable = tuple(t for n in names if isinstance(t := getattr(sdk, n, None), type))
-        if isinstance(error, retryable):
-            return RETRYABLE
-        if isinstance(error, getattr(sdk, cls._sdk_error)):
-            return PERMANENT
         return RETRYABLE
 
     def _client(self) -> _ClientT:
@@ -217,14 +200,9 @@ def import_sdk(module: str, *, extra: str, user: str) -> ModuleType:
 
 
 def http_verdict(status: int, headers: Mapping[str, str]) -> ModelErrorVerdict:
-    """The verdict on an HTTP error response (`headers` looked up in lower case)."""
-    should_retry = (headers.get("x-should-retry") or "").strip().lower()
-    if should_retry in ("true", "false"):
-        retryable = should_retry == "true"
-    else:
-        retryable = status in _RETRYABLE_STATUS or status >= 500
-    if not retryable:
-        return PERMANENT
+    """The default verdict on an HTTP error response: retryable whatever its status (a
+    400 included, as the seed retries permanent errors), after the delay the response
+    asks for, if any (`headers` looked up in lower case)."""
     return ModelErrorVerdict(retryable=True, retry_after=retry_after(headers))
 
 
