@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -97,6 +98,46 @@ class Refunds:
 
 
 APPROVE = {"type": "tool-approval", "approved": True}
+
+
+class TestWhatAPersonReads:
+    async def test_the_signal_the_web_ui_shows_can_be_pasted_to_approve(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Current details hold the `respond_signal` input for this call; sent as it
+        reads (a name filled in), it approves exactly this call."""
+        refunds = Refunds()
+        await runtimes.start([refunds.registration()])
+        run = await client.start_run("refunder", "refund A1")
+        snap = await wait_for_status(run, RunStatus.WAITING)
+
+        shown = (snap.current or "").split("`respond_signal` with input `", 1)[1]
+        pasted = json.loads(shown.split("`", 1)[0].replace('"NAME"', '"alice"'))
+        await client.temporal.get_workflow_handle(run.run_id).signal("respond_signal", pasted)
+
+        assert (await run.result()).output is not None
+        assert [order for order, _ in refunds.made] == ["A1"]
+        assert pasted["response"]["args_digest"] == (snap.interaction or _none()).args_digest
+
+    async def test_the_runs_input_holds_only_what_the_caller_gave(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """The Web UI shows the start input: no internal (`carried`) or empty fields."""
+        await runtimes.start([Refunds().registration()])
+        run = await client.start_run("refunder", "refund A1")
+
+        history = await client.temporal.get_workflow_handle(run.run_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        await run.cancel()
+
+        assert json.loads(started.input.payloads[0].data) == {
+            "agent_id": "refunder",
+            "input": "refund A1",
+        }
+
+
+def _none() -> Any:
+    raise AssertionError("the run shows no interaction")
 
 
 class TestApproval:

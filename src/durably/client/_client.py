@@ -95,7 +95,10 @@ class DurableClient:
         try:
             await self.temporal.start_workflow(
                 WORKFLOW_TYPE,
-                RunInput(agent_id=agent_id, input=input, version=version),
+                # What a person reads as the run's Input in the Web UI: no internal fields.
+                RunInput(agent_id=agent_id, input=input, version=version).model_dump(
+                    exclude_none=True
+                ),
                 id=run_id,
                 task_queue=self.task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

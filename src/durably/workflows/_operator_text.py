@@ -10,6 +10,8 @@ the person who approves.
 
 from __future__ import annotations
 
+import json
+
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -52,18 +54,39 @@ def waiting_details(run_id: str, interaction: Interaction) -> str:
         return (
             f"**Waiting for an answer** ({md_code(interaction.id)}): "
             f"{md_text(interaction.question or '')}\n\n"
-            f"Answer with `durably answer` {run} `TEXT --as NAME`, or signal "
-            f"{md_code(Handler.RESPOND_SIGNAL.value)}."
+            f"Answer with `durably answer` {run} `TEXT --as NAME`, or send the signal "
+            f"{_signal(interaction, {'type': 'question', 'answer': 'TEXT'})}."
         )
     args = render_result(interaction.args)
     if len(args) > _ARGS_SHOWN:
         args = f"{args[:_ARGS_SHOWN]}... ({len(args)} characters; the snapshot has them all)"
-    signed = " with a signed token" if interaction.signed else ""
+    if interaction.signed:
+        how = (
+            "Approve or deny with a signed token: `durably approve` "
+            f"{run} `--as NAME` (or `durably deny`), with an approval key set."
+        )
+    else:
+        approval = {
+            "type": "tool-approval",
+            "approved": True,
+            "args_digest": interaction.args_digest,
+        }
+        how = (
+            f"Approve with `durably approve` {run} `--as NAME`, deny with `durably deny` "
+            f"{run} `--reason ... --as NAME`, or send the signal {_signal(interaction, approval)}."
+        )
     return (
         f"**Waiting for approval** ({md_code(interaction.id)}) of tool "
-        f"{md_code(interaction.tool)} with {md_code(args)}\n\n"
-        f"Approve{signed} with `durably approve` {run} `--as NAME`, or deny with "
-        f"`durably deny` {run} `--reason ... --as NAME`."
+        f"{md_code(interaction.tool)} with {md_code(args)}\n\n{how}"
+    )
+
+
+def _signal(interaction: Interaction, response: dict[str, object]) -> str:
+    """The signal an operator can paste into the Web UI's *Send a Signal* dialog."""
+    body = {"interaction_id": interaction.id, "response": response, "responder": "NAME"}
+    return (
+        f"{md_code(Handler.RESPOND_SIGNAL.value)} with input "
+        f"{md_code(json.dumps(body, ensure_ascii=False))}"
     )
 
 
