@@ -24,7 +24,7 @@ from durably import (
 from durably.models import tool_call
 from durably.tools import question_tool
 
-from .conftest import Runtimes, cli, free_ports, wait_for_status
+from .conftest import Runtimes, cli, free_ports, wait_for_interaction, wait_for_status
 
 
 class Ticket(BaseModel):
@@ -146,3 +146,59 @@ async def test_start_waits_for_the_output_and_cancel_ends_a_waiting_run(
     with pytest.raises(RunCancelledError):
         await run.result()
     assert (await run.snapshot()).status == RunStatus.CANCELLED
+
+
+def decider(made: list[str]) -> AgentRegistration:
+    """Two refunds, each approved or denied from the CLI, then a question answered there."""
+
+    @tool(requires_approval=True)
+    async def refund(args: Ticket, ctx: ToolContext) -> TicketId:
+        """Refund an order (needs a person's approval)."""
+        made.append(args.title)
+        return TicketId(ticket_id=f"R-{args.title}")
+
+    agent = Agent(
+        id="decider",
+        model=ScriptedModel(
+            [
+                tool_call("refund", call_id="r1", title="A1"),
+                tool_call("refund", call_id="r2", title="B2"),
+                tool_call("ask", call_id="q1", question="Which order next?"),
+                "done",
+            ]
+        ),
+        instructions="",
+        tools=[refund, question_tool(name="ask", description="Ask.")],
+    )
+    return AgentRegistration(agent, version="1")
+
+
+async def test_approve_deny_and_answer_from_the_cli_decide_the_pending_call(
+    env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
+) -> None:
+    """Each command decides the call it prints, and the model reads the decision."""
+    made: list[str] = []
+    await runtimes.start([decider(made)])
+    run = await client.start_run("decider", "refund both")
+
+    await wait_for_interaction(run, "approval:1:r1")
+    approved = await durably(env, "approve", run.run_id, "--as", "alice")
+    assert approved.returncode == 0, approved.stderr
+    assert "approval:1:r1 of run" in approved.stdout and "approved by alice" in approved.stdout
+    assert '"title":"A1"' in approved.stdout  # the call it decided on
+
+    await wait_for_interaction(run, "approval:2:r2")
+    denied = await durably(env, "deny", run.run_id, "--reason", "over limit", "--as", "bob")
+    assert denied.returncode == 0, denied.stderr
+    assert "approval:2:r2 of run" in denied.stdout and "denied by bob" in denied.stdout
+
+    await wait_for_interaction(run, "question:3:q1")
+    answered = await durably(env, "answer", run.run_id, "C3", "--as", "carol")
+    assert answered.returncode == 0, answered.stderr
+    assert "question:3:q1 of run" in answered.stdout and "answered by carol" in answered.stdout
+
+    assert (await run.result()).output == "done"
+    assert made == ["A1"]  # the denied refund never ran
+    events = {e.type: e.detail or "" for e in (await run.snapshot()).events}
+    assert events["denied"].startswith("denied by bob") and events["denied"].endswith("over limit")
+    assert events["answered"].startswith("answered by carol")

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import BaseModel
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 
 from durably import (
     Agent,
@@ -277,6 +278,46 @@ class TestVersions:
             assert (await run.result()).output == "refunded A1"
         assert calls == ["model v1", "tool A1", "model v1"]
         await record_history(client, run.run_id, "version_missing_at_pin_then_retried")
+
+
+class TestStartupRecipe:
+    async def test_open_with_no_agents_then_register_exactly_what_unfinished_runs_need(
+        self, client: DurableClient
+    ) -> None:
+        """The seed's startup: `open()` runs nothing (no worker polls) until `resume()`;
+        `list_runs(unfinished=True)` names the (agent, version) pairs still needed."""
+        calls: list[str] = []
+        v1 = AgentRegistration(approval_agent("v1", calls), version="1")
+        v2 = AgentRegistration(approval_agent("v2", calls), version="2")
+        async with await DurableRuntime.open(client=client, agents=[v1]) as rt:
+            await rt.resume()
+            run = await client.start_run("refunder", "refund A1")
+            await wait_for_status(run, RunStatus.WAITING)
+
+        available = {("refunder", "1"): v1, ("refunder", "2"): v2}
+        handle = client.temporal.get_workflow_handle(run.run_id)
+        async with await DurableRuntime.open(client=client) as rt:
+            # An update would wait for a worker; the signal is stored for the run.
+            approve = {"interaction_id": "approval:1:c1", "response": APPROVE, "responder": "a"}
+            await handle.signal("respond_signal", approve)
+
+            async def needed() -> set[tuple[str, str]]:
+                runs = await client.list_runs(unfinished=True, task_queue=client.task_queue)
+                return {(r.agent_id or "", r.agent_version or "") for r in runs}
+
+            async def only_v1_needed() -> bool:
+                return await needed() == {("refunder", "1")}
+
+            await eventually(only_v1_needed)
+            rt.register_agents([available[pair] for pair in sorted(await needed())])
+            # Opened, registered, and nothing ran: the signal's workflow task waits.
+            last = (await handle.fetch_history()).events[-1].event_type
+            assert last == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED
+            assert calls == ["model v1"]
+            await rt.resume()
+
+            assert (await run.result()).output == "refunded A1"
+        assert calls == ["model v1", "tool A1", "model v1"]
 
 
 class TestRegistry:
