@@ -21,8 +21,11 @@ from durably import (
     AgentRegistration,
     DurableClient,
     DurableRuntime,
+    FunctionModel,
     InteractionConflictError,
     InvalidResponseError,
+    ModelRequest,
+    ModelRetry,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -430,19 +433,39 @@ async def test_durably_inbox_lists_what_each_parked_run_waits_for(
             tool_retry=ToolRetry(1, 10, 10),  # type: ignore[dict-item]
         )
 
+    def overloaded(request: ModelRequest) -> AssistantMessage:
+        raise ConnectionError("the provider is overloaded")
+
+    asker = Agent(
+        id="asker",
+        model=ScriptedModel([tool_call("ask", question="Which order?"), "done"]),
+        instructions="",
+        tools=[question_tool(name="ask", description="Ask the customer.")],
+    )
+    retrier = Agent(id="retrier", model=FunctionModel(overloaded), instructions="")
     await runtimes.start(
-        [refunds.registration(), crasher("blocked", "manual"), crasher("broken", "safe")]
+        [
+            refunds.registration(),
+            crasher("blocked", "manual"),
+            crasher("broken", "safe"),
+            AgentRegistration(asker, version="1"),
+            AgentRegistration(retrier, version="1", model_retry=ModelRetry(3, 60_000, 60_000)),
+        ]
     )
     waiting = await client.start_run("refunder", "refund A1")
     blocked = await client.start_run("blocked", "go")
     failed = await client.start_run("broken", "go")
+    question = await client.start_run("asker", "help")
+    backing_off = await client.start_run("retrier", "go")
     await wait_for_status(waiting, RunStatus.WAITING)
     await wait_for_status(blocked, RunStatus.NEEDS_ATTENTION)
     await wait_for_status(failed, RunStatus.FAILED)
+    await wait_for_status(question, RunStatus.WAITING)
+    await wait_for_status(backing_off, RunStatus.RETRY_WAIT)
+    everyone = {r.run_id for r in (waiting, blocked, failed, question, backing_off)}
 
     async def all_listed() -> bool:  # visibility trails the runs by a moment
-        found = {i.run_id for i in await client.inbox()}
-        return {waiting.run_id, blocked.run_id, failed.run_id} <= found
+        return everyone <= {i.run_id for i in await client.inbox()}
 
     await eventually(all_listed)
     target = env.client.service_client.config.target_host
@@ -458,5 +481,10 @@ async def test_durably_inbox_lists_what_each_parked_run_waits_for(
     assert "verify crash in the external system" in items[blocked.run_id]["waiting_for"]
     assert items[failed.run_id]["kind"] == "failed"
     assert "RuntimeError: boom" in items[failed.run_id]["waiting_for"]
-    for run in (waiting, blocked, failed):
+    assert items[question.run_id]["kind"] == "question"
+    assert items[question.run_id]["interaction_id"] == "question:1:call_ask"
+    assert "Which order?" in items[question.run_id]["waiting_for"]
+    assert items[backing_off.run_id]["kind"] == "retry_wait"
+    assert items[backing_off.run_id]["next_attempt_at"] is not None
+    for run in (waiting, blocked, failed, question, backing_off):
         await run.cancel()
