@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -30,6 +31,7 @@ from durably import (
 from durably.dev import DevServer
 from durably.messages import AssistantMessage, ToolCall
 from durably.models import ModelErrorVerdict, last_tool_results
+from durably.testing import capture_logs
 
 from .conftest import Runtimes, eventually, record_history, serving, wait_for_status
 
@@ -77,6 +79,25 @@ class TestModelRetry:
         assert attempts[1][1] - attempts[0][1] >= 1.4
         assert attempts[2][1] - attempts[1][1] >= 2.9  # backoff 2.0
         await record_history(client, run.run_id, "completed_after_model_retry_wait")
+
+    async def test_a_retried_model_error_logs_one_line_per_attempt_and_no_traceback(
+        self, client: DurableClient, runtimes: Runtimes, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The worker's log says what failed, once per attempt; the traceback is at debug."""
+        attempts: list[tuple[int, float]] = []
+        agent = Agent(id="flaky", model=flaky_model(1, attempts), instructions="")
+        retry = ModelRetry(max_attempts=2, initial_delay_ms=10, max_delay_ms=10)
+        await runtimes.start([AgentRegistration(agent, version="1", model_retry=retry)])
+        caplog.set_level(logging.INFO)
+
+        with capture_logs() as logged:
+            run = await client.start_run("flaky", "hello")
+            assert (await run.result()).output == "answered on attempt 2"
+
+        failures = [e for e in logged if e["event"] == "model request failed"]
+        assert [(e["log_level"], e["attempt"]) for e in failures] == [("warning", 1)]
+        loud = [r for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info]
+        assert loud == [], [r.getMessage() for r in loud]
 
     async def test_without_model_retry_a_model_error_fails_the_run_at_once(
         self, client: DurableClient, runtimes: Runtimes

@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from durably._transcript import (
     TranscriptCache,
@@ -63,6 +63,10 @@ from durably.tools import ToolContext, ToolError, render_result
 __all__ = ["AgentActivities", "ErrorType"]
 
 _log = structlog.get_logger("durably")
+# Failures durably has logged already, as one line (`_log_failure`, `_log_refusal`):
+# the SDK logs a benign failure at debug level, not as a warning with a traceback
+# per attempt.
+_LOGGED = ApplicationErrorCategory.BENIGN
 _tracebacks = logging.getLogger("durably.activities")
 
 # How long a cancelled tool may take to notice `abort_signal` and return.
@@ -119,6 +123,7 @@ class AgentActivities:
             )
             # The seed's `version_missing`: the run waits in needs_attention, having
             # called nothing, until the agent is registered and the run retried.
+            _log_refusal("version_missing", request.agent_id, request.version)
             raise ApplicationError(
                 f"{wanted} is not registered on this worker (it hosts: "
                 f"{self.registry.describe()}). Register it with DurableRuntime.register_agents "
@@ -129,6 +134,7 @@ class AgentActivities:
                     "version": request.version,
                 },
                 type=ErrorType.VERSION_MISSING,
+                category=_LOGGED,
                 non_retryable=True,
             )
         return registration.pin()
@@ -141,12 +147,14 @@ class AgentActivities:
         """
         registration = self.registry.get(agent_id, version)
         if registration is None:
+            _log_refusal("version_missing", agent_id, version)
             raise ApplicationError(
                 f"agent {agent_id!r} version {version!r} is not registered on this worker "
                 f"(it hosts: {self.registry.describe()}). Register that version again, then "
                 "retry the run.",
                 {"reason": "version_missing", "agent_id": agent_id, "version": version},
                 type=ErrorType.VERSION_MISSING,
+                category=_LOGGED,
                 non_retryable=True,
             )
         expected = (
@@ -155,6 +163,7 @@ class AgentActivities:
             else registration.fingerprint
         )
         if fingerprint != expected:
+            _log_refusal("version_incompatible", agent_id, version)
             raise ApplicationError(
                 f"agent {agent_id!r} version {version!r} on this worker differs from the one "
                 "the run started with (model, instructions, tools or policies changed). Register "
@@ -163,6 +172,7 @@ class AgentActivities:
                 "by this worker, fails this check too: it cannot apply other policies.)",
                 {"reason": "version_incompatible", "agent_id": agent_id, "version": version},
                 type=ErrorType.VERSION_INCOMPATIBLE,
+                category=_LOGGED,
                 non_retryable=True,
             )
         return registration
@@ -195,6 +205,7 @@ class AgentActivities:
                 raise ApplicationError(
                     f"model request failed: {type(exc).__name__}: {exc}",
                     type=ErrorType.MODEL_ERROR,
+                    category=_LOGGED,
                     non_retryable=registration.model_retry is None or not verdict.retryable,
                     next_retry_delay=verdict.retry_after,
                 ) from None  # the traceback stays in the worker's log, not in history
@@ -211,6 +222,7 @@ class AgentActivities:
             raise ApplicationError(
                 f"the model's answer could not be processed: {type(exc).__name__}: {exc}",
                 type=ErrorType.POST_PROCESSING,
+                category=_LOGGED,
                 non_retryable=True,
             ) from None
         _check_result_size(result, "the model's answer", "have the model answer in less")
@@ -278,6 +290,7 @@ class AgentActivities:
             raise ApplicationError(
                 f"tool {tool.name!r} raised {type(exc).__name__}: {exc}",
                 type=ErrorType.TOOL_CRASHED,
+                category=_LOGGED,
             ) from None  # the traceback (paths, source lines) stays in the worker's log
         else:
             try:
@@ -348,6 +361,20 @@ def _run_id() -> str:
             "durably activities run only inside AgentRunWorkflow", non_retryable=True
         )
     return workflow_id
+
+
+def _log_refusal(reason: str, agent_id: str, version: str | None) -> None:
+    """One line for an operation the version check refused (the run parks on it)."""
+    info = activity.info()
+    _log.warning(
+        "the run's agent version is not hosted as it pinned it",
+        run_id=info.workflow_id,
+        operation=info.activity_id,
+        attempt=info.attempt,
+        reason=reason,
+        agent=agent_id,
+        version=version,
+    )
 
 
 def _log_failure(what: str, key: str, exc: BaseException) -> None:
