@@ -280,7 +280,7 @@ class TestVersions:
         assert (attention.agent_id, attention.version) == ("refunder", None)
         assert "agent 'refunder' is not registered on this worker" in (attention.last_error or "")
         assert "Register it with DurableRuntime.register_agents" in (attention.last_error or "")
-        assert (parked.current or "").startswith("**Needs attention**")
+        assert (parked.current or "").startswith("**Needs attention, waiting for `durably retry`")
         assert [e.type for e in parked.events] == ["needs_attention"]
         assert calls == []
 

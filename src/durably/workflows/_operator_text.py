@@ -91,25 +91,35 @@ def _signal(interaction: Interaction, response: dict[str, object]) -> str:
 
 
 def attention_details(run_id: str, key: str | None, attention: Attention | None, error: str) -> str:
+    # The first line says what the run waits for: Temporal shows it as Running.
+    run = md_code(run_id)
     if attention is not None and attention.reason == "tool_interrupted":
         tool = str(attention.detail.get("tool"))
         return (
-            f"**Needs attention**: tool {md_code(tool)} ({md_code(key or '')}) was interrupted "
-            f"and its outcome is unknown ({md_text(error)}). Check in the external system "
-            "whether it took effect, then resolve the operation with its real result "
-            f"(`durably resolve` {md_code(run_id)} {md_code(key or '')} `...`)."
+            f"**Needs attention, waiting for `durably resolve` {run} {md_code(key or '')}**: "
+            f"tool {md_code(tool)} was interrupted and its outcome is unknown "
+            f"({md_text(error)}).\n\nCheck in the external system whether it took effect, "
+            "then resolve the operation with its real result (`--json`, `--error`, or "
+            "`--rerun` once you know it did not happen)."
         )
     reason = attention.reason if attention else "unknown"
-    return f"**Needs attention** ({md_text(reason)}): {md_text(error)}"
+    return (
+        f"**Needs attention, waiting for `durably retry` {run}** ({md_text(reason)}): "
+        f"{md_text(error)}"
+    )
 
 
 def failed_details(run_id: str, error: str, retryable: bool) -> str:
-    then = (
-        f"Fix the cause, then retry the run (`durably retry` {md_code(run_id)})."
-        if retryable
-        else "Retrying cannot fix this: cancel the run and start a new one."
+    run = md_code(run_id)
+    if retryable:
+        return (
+            f"**Failed, waiting for `durably retry` {run}**: {md_text(error)}\n\n"
+            "Fix the cause, then retry the run: committed results are kept."
+        )
+    return (
+        f"**Failed for good, waiting for `durably cancel` {run}**: {md_text(error)}\n\n"
+        "Retrying cannot fix this: cancel the run and start a new one."
     )
-    return f"**Failed**: {md_text(error)}\n\n{then}"
 
 
 def refused_details(problem: str) -> str:
