@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -341,7 +342,62 @@ class TestStartupRecipe:
         assert calls == ["model v1", "tool A1", "model v1"]
 
 
+async def _settled(run: Any) -> Any:
+    """The run once it waits for a person or an operator (it pins first)."""
+    async with asyncio.timeout(30):
+        while True:
+            snap = await run.snapshot()
+            if snap.status in (RunStatus.WAITING, RunStatus.NEEDS_ATTENTION, RunStatus.FAILED):
+                return snap
+            await asyncio.sleep(0.05)
+
+
 class TestRegistry:
+    async def test_a_run_racing_unregister_is_refused_by_it_or_parks_never_fails(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Visibility trails a run just started, so the guard may miss it. Either way the
+        run is safe: the guard refuses, or the run parks as version_missing on the worker
+        that no longer hosts the agent; it never fails and never runs elsewhere."""
+        calls: list[str] = []
+        v1 = AgentRegistration(approval_agent("v1", calls), version="1")
+        runtime = await runtimes.start([v1])
+        outcomes: list[str] = []
+
+        async def unregister() -> bool:
+            try:
+                return await runtime.unregister_agent("refunder")
+            except DurableConflictError:
+                return False
+
+        async def none_unfinished() -> bool:  # what the guard reads has caught up
+            return not await client.list_runs(unfinished=True, task_queue=client.task_queue)
+
+        for attempt in range(8):
+            await eventually(none_unfinished)
+            if attempt % 2:  # the run just started, as visibility may not show yet
+                run = await client.start_run("refunder", "refund A1")
+                unregistered = await unregister()
+            else:  # both at once: the guard most likely reads before the run exists
+                run, unregistered = await asyncio.gather(
+                    client.start_run("refunder", "refund A1"), unregister()
+                )
+            if not unregistered:
+                outcomes.append("refused")
+                await wait_for_status(run, RunStatus.WAITING)
+                await run.cancel()
+                continue
+            snap = await _settled(run)
+            if snap.status == RunStatus.WAITING:  # pinned just before: its tool call parks
+                await run.respond("approval:1:c1", APPROVE, responder="alice")
+                snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+            assert isinstance(snap.attention, VersionMissing), snap
+            outcomes.append("parked")
+            await run.cancel()
+            runtime.register_agents([v1])
+        assert "tool A1" not in calls
+        assert set(outcomes) <= {"refused", "parked"}
+
     async def test_unregister_is_refused_while_a_run_needs_the_agent(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
