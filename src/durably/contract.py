@@ -139,7 +139,6 @@ class ErrorType(StrEnum):
     INVALID_RESPONSE = "InvalidResponseError"
     # How a run whose start input was refused fails.
     INVALID_RUN_INPUT = "DurablyInvalidRunInput"
-    AGENT_NOT_REGISTERED = "DurablyAgentNotRegistered"  # until issue 13; now VERSION_MISSING
     VERSION_MISSING = "DurablyVersionMissing"
     VERSION_INCOMPATIBLE = "DurablyVersionIncompatible"
     MODEL_ERROR = "DurablyModelError"

@@ -18,27 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import SerializerFunctionWrapHandler, TypeAdapter, model_serializer
+from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from durably.contract import (
-    Attention,
     Interaction,
-    OtherAttention,
-    RunAttention,
     RunEvent,
     RunSnapshot,
     RunState,
     RunStatus,
-    ToolInterrupted,
-    VersionIncompatible,
-    VersionMissing,
 )
 
 __all__ = ["build_snapshot"]
-
-_ATTENTION: TypeAdapter[ToolInterrupted | VersionMissing | VersionIncompatible | OtherAttention] = (
-    TypeAdapter(RunAttention)
-)
 
 
 # The fields a client derives from the others, never sent when it derives them exactly.
@@ -72,7 +62,7 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
         interactions=_pending(s),
         blocked_operations=[s.blocked_operation] if s.blocked_operation else [],
         blocked_operation=s.blocked_operation,
-        attention=_attention(s.attention),
+        attention=s.attention,  # typed by RunSnapshot, as a client parsing it would
         output=_output(s),
         outcome=s.outcome or _waiting_outcome(s),
         turns=s.turns,
@@ -88,15 +78,6 @@ def _pending(s: RunState) -> list[Interaction]:
     if s.status != RunStatus.WAITING or s.interaction is None:
         return []
     return [s.interaction]
-
-
-def _attention(
-    attention: Attention | None,
-) -> ToolInterrupted | VersionMissing | VersionIncompatible | OtherAttention | None:
-    """The attention typed by its reason; its `detail` stays too, for older clients."""
-    if attention is None:
-        return None
-    return _ATTENTION.validate_python({"reason": attention.reason, "detail": attention.detail})
 
 
 def _output(s: RunState) -> str | None:
