@@ -23,18 +23,21 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from durably import (
+    Agent,
     AgentRegistration,
     DurableClient,
     DurableRuntime,
     RunHandle,
     RunSnapshot,
     RunStatus,
+    ScriptedModel,
 )
 from durably.activities import TranscriptCache
 from durably.contract import SEARCH_ATTRIBUTES
 from durably.dev import DevServer
 from durably.messages import AssistantMessage, ModelRequest
-from durably.models import last_tool_results
+from durably.models import last_tool_results, tool_call
+from durably.tools import question_tool
 from durably.workflows.agent_run import PATCHES
 
 BIN = Path(sys.executable).parent
@@ -62,6 +65,17 @@ def echo(request: ModelRequest) -> AssistantMessage:
     return AssistantMessage(
         content=json.dumps([{"error": r.is_error, "content": r.content} for r in results])
     )
+
+
+def asker() -> AgentRegistration:
+    """An agent that asks the customer "Which order?", then echoes the answer."""
+    agent = Agent(
+        id="asker",
+        model=ScriptedModel([tool_call("ask_user", question="Which order?"), echo]),
+        instructions="",
+        tools=[question_tool(name="ask_user", description="Ask the customer.")],
+    )
+    return AgentRegistration(agent, version="1")
 
 
 @pytest.fixture(scope="session")

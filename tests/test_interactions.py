@@ -40,6 +40,7 @@ from durably.tools import question_tool
 
 from .conftest import (
     Runtimes,
+    asker,
     binary,
     cli,
     echo,
@@ -275,14 +276,7 @@ class TestResponses:
     async def test_a_question_tool_waits_for_the_answer(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        ask = question_tool(name="ask_user", description="Ask the customer.")
-        agent = Agent(
-            id="asker",
-            model=ScriptedModel([tool_call("ask_user", question="Which order?"), echo]),
-            instructions="",
-            tools=[ask],
-        )
-        await runtimes.start([AgentRegistration(agent, version="1")])
+        await runtimes.start([asker()])
         run = await client.start_run("asker", "help me")
         snap = await wait_for_status(run, RunStatus.WAITING)
         assert snap.interaction is not None

@@ -204,6 +204,17 @@ def approval_agent(instructions: str, calls: list[str]) -> Agent:
 APPROVE = {"type": "tool-approval", "approved": True}
 
 
+async def waiting_on_a_worker_that_then_stops(
+    client: DurableClient, registration: AgentRegistration
+) -> Any:
+    """A refunder run waiting for approval, left behind by a worker that has stopped."""
+    async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
+        await rt.resume()
+        run = await client.start_run("refunder", "refund A1")
+        await wait_for_status(run, RunStatus.WAITING)
+    return run
+
+
 class TestVersions:
     async def test_a_changed_definition_under_the_same_version_blocks_until_restored(
         self, client: DurableClient
@@ -212,10 +223,7 @@ class TestVersions:
         original = AgentRegistration(approval_agent("Refund politely.", calls), version="1")
         changed = AgentRegistration(approval_agent("Refund rudely.", calls), version="1")
 
-        async with await DurableRuntime.open(client=client, agents=[original]) as rt:
-            await rt.resume()
-            run = await client.start_run("refunder", "refund A1")
-            await wait_for_status(run, RunStatus.WAITING)
+        run = await waiting_on_a_worker_that_then_stops(client, original)
 
         async with await DurableRuntime.open(client=client, agents=[changed]) as rt:
             await rt.resume()
@@ -244,10 +252,7 @@ class TestVersions:
         v1 = AgentRegistration(approval_agent("v1", calls), version="1")
         v2 = AgentRegistration(approval_agent("v2", calls), version="2")
 
-        async with await DurableRuntime.open(client=client, agents=[v1]) as rt:
-            await rt.resume()
-            run = await client.start_run("refunder", "refund A1")
-            await wait_for_status(run, RunStatus.WAITING)
+        run = await waiting_on_a_worker_that_then_stops(client, v1)
 
         async with await DurableRuntime.open(client=client, agents=[v2]) as rt:
             await rt.resume()
@@ -311,10 +316,7 @@ class TestStartupRecipe:
         calls: list[str] = []
         v1 = AgentRegistration(approval_agent("v1", calls), version="1")
         v2 = AgentRegistration(approval_agent("v2", calls), version="2")
-        async with await DurableRuntime.open(client=client, agents=[v1]) as rt:
-            await rt.resume()
-            run = await client.start_run("refunder", "refund A1")
-            await wait_for_status(run, RunStatus.WAITING)
+        run = await waiting_on_a_worker_that_then_stops(client, v1)
 
         available = {("refunder", "1"): v1, ("refunder", "2"): v2}
         handle = client.temporal.get_workflow_handle(run.run_id)

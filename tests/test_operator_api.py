@@ -43,7 +43,6 @@ from durably import (
     ToolResultMessage,
     VersionIncompatible,
     VersionMissing,
-    question_tool,
     tool,
     tool_call,
 )
@@ -73,7 +72,7 @@ from durably.errors import DurablyError
 from durably.messages import AssistantMessage, Message
 from durably.workflows._snapshot import build_snapshot
 
-from .conftest import Runtimes, echo, history_length, wait_for_status
+from .conftest import Runtimes, asker, echo, history_length, wait_for_status
 
 # -- the snapshot, derived from state -----------------------------------------------
 
@@ -718,14 +717,7 @@ class TestApproveDenyAnswer:
     async def test_answer_gives_the_question_tool_its_result(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        ask = question_tool(name="ask_user", description="Ask the customer.")
-        agent = Agent(
-            id="asker",
-            model=ScriptedModel([tool_call("ask_user", question="Which order?"), echo]),
-            instructions="",
-            tools=[ask],
-        )
-        await runtimes.start([AgentRegistration(agent, version="1")])
+        await runtimes.start([asker()])
         run = await client.start_run("asker", "help me")
         await wait_for_status(run, RunStatus.WAITING)
 
