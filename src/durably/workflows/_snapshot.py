@@ -21,7 +21,6 @@ from typing import Any
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from durably.contract import (
-    Interaction,
     RunEvent,
     RunSnapshot,
     RunState,
@@ -59,11 +58,10 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
         agent_id=s.agent_id,
         agent_version=s.pin.version if s.pin else None,
         status=s.status,
-        interactions=_pending(s),
-        blocked_operations=[s.blocked_operation] if s.blocked_operation else [],
+        # The typed views (interactions, output, attention by reason) are derived by
+        # RunSnapshot from these, exactly as a client parsing the sent JSON derives them.
         blocked_operation=s.blocked_operation,
-        attention=s.attention,  # typed by RunSnapshot, as a client parsing it would
-        output=_output(s),
+        attention=s.attention,
         outcome=s.outcome or _waiting_outcome(s),
         turns=s.turns,
         usage=s.usage,
@@ -73,27 +71,12 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
     )
 
 
-def _pending(s: RunState) -> list[Interaction]:
-    """What waits for a person, oldest first (one interaction at a time today)."""
-    if s.status != RunStatus.WAITING or s.interaction is None:
-        return []
-    return [s.interaction]
-
-
-def _output(s: RunState) -> str | None:
-    """The final answer of a completed run (None for a run that ended without text)."""
-    outcome = s.outcome or {}
-    output = outcome.get("output") if outcome.get("type") == "completed" else None
-    return output if isinstance(output, str) else None
-
-
 def _waiting_outcome(s: RunState) -> dict[str, Any] | None:
     """The deprecated `outcome` of a waiting run whose state does not hold it (runs
     started under the hardening patch keep one copy of the arguments, in `interaction`)."""
-    pending = _pending(s)
-    if not pending:
+    if s.status != RunStatus.WAITING or s.interaction is None:
         return None
-    return {"type": "interaction", "interaction": pending[0].model_dump(mode="json")}
+    return {"type": "interaction", "interaction": s.interaction.model_dump(mode="json")}
 
 
 def _merged(events: list[RunEvent], audit: list[RunEvent]) -> list[RunEvent]:
