@@ -29,6 +29,7 @@ from durably import (
     ModelRetry,
     OpenAIChatModel,
     RunFailedError,
+    RunStatus,
     ScriptedModel,
     ToolContext,
     ToolError,
@@ -43,7 +44,7 @@ from durably.messages import (
     ToolSpec,
     UserMessage,
 )
-from durably.models import ModelErrorVerdict, classify_model_error
+from durably.models import ModelErrorVerdict, ModelResponseError, classify_model_error
 from durably.models._anthropic import (
     anthropic_messages,
     anthropic_tools,
@@ -53,12 +54,11 @@ from durably.models._openai import (
     from_openai_completion,
     openai_messages,
     openai_tools,
-    parse_tool_arguments,
 )
 from durably.models._provider import retry_after
 
 from .conftest import Runtimes
-from .fake_providers import FakeAnthropic, FakeOpenAI, FakeProvider, SeenResult
+from .fake_providers import FakeAnthropic, FakeOpenAI, FakeProvider, Reply, SeenResult
 
 # The 500 waits this long. The dev server does not retry sooner than about a
 # second whatever the policy says, so a shorter delay could not be told apart.
@@ -199,29 +199,6 @@ class TestOpenAIRuns:
         expected = Usage(requests=2, input_tokens=250, output_tokens=30)
         assert result.usage == expected
         assert (await run.snapshot()).usage == expected
-
-    async def test_malformed_tool_call_json_reaches_the_model_as_an_error_result(
-        self, client: DurableClient, runtimes: Runtimes, fake_openai: FakeOpenAI
-    ) -> None:
-        """Arguments that are not a JSON object never run the tool; the model reads why."""
-        fake_openai.script(
-            fake_openai.tool_calls(("call_1", "lookup_order", '{"order_id": "A-1"')),
-            fake_openai.text("Sorry, let me try again later."),
-        )
-        looked_up: list[str] = []
-        await runtimes.start([orders_agent(fake_openai.model(), looked_up)])
-
-        _, result = await run_to_end(client)
-
-        assert result.output == "Sorry, let me try again later."
-        assert looked_up == []
-        second = fake_openai.received[1].body
-        assert second["messages"][-2]["tool_calls"][0]["function"]["arguments"] == "{}"
-        [seen] = fake_openai.tool_results(second)
-        assert seen.call_id == "call_1"
-        assert seen.is_error
-        assert "not a JSON object" in seen.content
-        assert '{"order_id": "A-1"' in seen.content
 
 
 class TestAnthropicRuns:
@@ -375,6 +352,122 @@ class TestBothProviders:
         assert "messages: unknown field" in ((await run.snapshot()).error or "")
 
 
+class TestUnreadableAnswers:
+    """An answer the adapter cannot read is an error of the completion attempt: retried
+    under model_retry like any provider error, final without it."""
+
+    async def test_a_tool_call_whose_arguments_are_not_json_is_asked_again_under_model_retry(
+        self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
+    ) -> None:
+        """No call of the unreadable answer runs, not even its good one; the model is asked
+        the same question again and its next answer is used."""
+        fake.script(
+            fake.tool_calls(lookup("call_1", "A-1"), ("call_2", "lookup_order", BROKEN_JSON)),
+            fake.tool_calls(lookup("call_1", "A-1")),
+            fake.text("Order A-1 has shipped."),
+        )
+        looked_up: list[str] = []
+        await runtimes.start([orders_agent(fake.model(), looked_up)])
+
+        run, result = await run_to_end(client)
+
+        assert result.output == "Order A-1 has shipped."
+        assert looked_up == ["A-1"]
+        first, again, last = fake.received
+        assert again.body == first.body
+        assert "call_2" not in json.dumps(last.body)
+        assert [r.call_id for r in fake.tool_results(last.body)] == ["call_1"]
+        assert (await run.snapshot()).turns == 2
+
+    async def test_an_empty_completion_is_asked_again_under_model_retry(
+        self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
+    ) -> None:
+        """No text and no tool calls is not a final answer of nothing."""
+        fake.script(empty_completion(fake), fake.text("Order A-1 has shipped."))
+        await runtimes.start([orders_agent(fake.model(), [])])
+
+        _, result = await run_to_end(client)
+
+        assert result.output == "Order A-1 has shipped."
+        first, again = fake.received
+        assert again.body == first.body
+
+    async def test_without_model_retry_unreadable_arguments_fail_the_run_saying_why(
+        self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
+    ) -> None:
+        """The message names the call, quotes the text and says what happens next; retry()
+        asks the model again."""
+        fake.script(fake.tool_calls(("call_1", "lookup_order", BROKEN_JSON)))
+        looked_up: list[str] = []
+        await runtimes.start([orders_agent(fake.model(), looked_up, model_retry=None)])
+        run = await client.start_run("orders", "Where is order A-1?")
+
+        with pytest.raises(RunFailedError, match="ModelResponseError"):
+            await run.result(poll_interval=0.05)
+
+        snap = await run.snapshot()
+        assert snap.status == RunStatus.FAILED
+        assert len(fake.received) == 1
+        assert looked_up == []
+        error = snap.error or ""
+        assert "tool call 'call_1' to 'lookup_order'" in error
+        assert "are not valid JSON" in error
+        assert repr(BROKEN_JSON) in error
+        assert "without model_retry the run fails, and retry() asks again" in error
+
+        fake.script(fake.tool_calls(lookup("call_1", "A-1")), fake.text("Shipped."))
+        await run.retry()
+        assert (await run.result(poll_interval=0.05)).output == "Shipped."
+        assert looked_up == ["A-1"]
+
+    async def test_without_model_retry_an_empty_completion_fails_the_run(
+        self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
+    ) -> None:
+        fake.script(empty_completion(fake))
+        await runtimes.start([orders_agent(fake.model(), [], model_retry=None)])
+        run = await client.start_run("orders", "Where is order A-1?")
+
+        with pytest.raises(RunFailedError, match="the model's answer is empty"):
+            await run.result(poll_interval=0.05)
+
+        assert len(fake.received) == 1
+
+    async def test_a_classifier_given_to_the_model_can_stop_retrying_an_unreadable_answer(
+        self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
+    ) -> None:
+        """The classifier sees the `ModelResponseError`, naming the call at fault."""
+        fake.script(fake.tool_calls(("call_1", "lookup_order", "[1, 2]")), fake.text("Done."))
+        seen: list[BaseException] = []
+
+        def hopeless_if_unreadable(error: BaseException) -> ModelErrorVerdict:
+            seen.append(error)
+            return ModelErrorVerdict(retryable=not isinstance(error, ModelResponseError))
+
+        model = fake.model(classify_error=hopeless_if_unreadable)
+        await runtimes.start([orders_agent(model, [])])
+        run = await client.start_run("orders", "Where is order A-1?")
+
+        with pytest.raises(RunFailedError, match="are JSON a list, not an object"):
+            await run.result(poll_interval=0.05)
+
+        assert len(fake.received) == 1
+        [error] = seen
+        assert isinstance(error, ModelResponseError)
+        assert (error.call_id, error.tool) == ("call_1", "lookup_order")
+
+
+# Arguments cut off mid-object, as a completion stopped at its token limit leaves them.
+BROKEN_JSON = '{"order_id": "A-1'
+
+
+def empty_completion(fake: FakeProvider) -> Reply:
+    """An answer with neither text nor tool calls, as each provider sends one."""
+    if isinstance(fake, FakeAnthropic):
+        reply = fake.text("")
+        return dataclasses.replace(reply, body={**reply.body, "content": []})
+    return fake.text("")
+
+
 # -- message conversion ------------------------------------------------------------
 
 TRANSCRIPT = ModelRequest(
@@ -492,9 +585,96 @@ class TestOpenAIConversion:
 
         assert from_openai_completion(completion).usage == Usage(requests=1)
 
-    @pytest.mark.parametrize("text", ['{"order_id": "A-1"', "[1, 2]", '"A-1"', "null", "A-1"])
-    def test_arguments_that_are_not_a_json_object_are_kept_as_raw_text(self, text: str) -> None:
-        assert parse_tool_arguments(text) == ({}, text)
+    @pytest.mark.parametrize(
+        ("text", "why"),
+        [
+            ('{"order_id": "A-1"', "are not valid JSON (Expecting ',' delimiter: character 18)"),
+            ("A-1", "are not valid JSON (Expecting value: character 0)"),
+            ("[1, 2]", "are JSON a list, not an object"),
+            ('"A-1"', "are JSON a string, not an object"),
+            ("null", "are JSON null, not an object"),
+            ("7", "are JSON a number, not an object"),
+        ],
+    )
+    def test_arguments_that_are_not_a_json_object_make_the_answer_unreadable(
+        self, text: str, why: str
+    ) -> None:
+        """The error names the call and quotes the text; the model is asked again."""
+        completion = openai_completion(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "b", "arguments": text}},
+                ],
+            },
+            None,
+        )
+
+        with pytest.raises(ModelResponseError) as caught:
+            from_openai_completion(completion)
+
+        assert str(caught.value).startswith(
+            f"the model's tool call 'c2' to 'b' has arguments that {why}: {text!r}. "
+            "The answer was not used: the model is asked again if the registration's "
+            "model_retry allows another attempt"
+        )
+        assert (caught.value.call_id, caught.value.tool) == ("c2", "b")
+
+    def test_the_error_quotes_at_most_200_characters_of_the_arguments(self) -> None:
+        text = '{"note": "' + "x" * 10_000
+        completion = openai_completion(
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "a", "arguments": text}}
+                ],
+            },
+            None,
+        )
+
+        with pytest.raises(ModelResponseError) as caught:
+            from_openai_completion(completion)
+
+        assert f"{text[:200]!r}... (10,010 characters)" in str(caught.value)
+        assert len(str(caught.value)) < 600
+
+    @pytest.mark.parametrize("content", [None, "", "  \n"])
+    def test_a_completion_with_no_text_and_no_tool_calls_is_unreadable(
+        self, content: str | None
+    ) -> None:
+        completion = openai_completion({"role": "assistant", "content": content}, None)
+
+        with pytest.raises(
+            ModelResponseError,
+            match=r"the model's answer is empty: the chat completion 'chatcmpl-1' "
+            r"\(finish_reason 'stop'\) has no text and no tool calls\. The answer was not used",
+        ):
+            from_openai_completion(completion)
+
+    def test_a_completion_without_choices_is_unreadable(self) -> None:
+        from openai.types.chat import ChatCompletion
+
+        completion = ChatCompletion.model_validate(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [],
+            }
+        )
+
+        with pytest.raises(ModelResponseError, match="'chatcmpl-1' has no choices"):
+            from_openai_completion(completion)
+
+    def test_a_refusal_is_the_answer_text(self) -> None:
+        completion = openai_completion(
+            {"role": "assistant", "content": None, "refusal": "I can't help with that."}, None
+        )
+
+        assert from_openai_completion(completion).message.content == "I can't help with that."
 
     async def test_output_schema_asks_for_a_json_schema_response_format(
         self, fake_openai: FakeOpenAI
@@ -595,23 +775,82 @@ class TestAnthropicConversion:
             usage=Usage(requests=1, input_tokens=15, output_tokens=4),
         )
 
-    def test_tool_input_that_is_not_an_object_is_kept_as_raw_text(self) -> None:
-        from anthropic.types import Message
+    @pytest.mark.parametrize(
+        ("raw_input", "why"),
+        [
+            ("{oops", "are not valid JSON (Expecting property name enclosed in double quotes"),
+            ([1, 2], "are JSON a list, not an object: '[1, 2]'"),
+            ('"A-1"', "are JSON a string, not an object"),
+            (None, "are JSON null, not an object: 'null'"),
+        ],
+    )
+    def test_tool_input_that_is_not_an_object_makes_the_answer_unreadable(
+        self, raw_input: object, why: str
+    ) -> None:
+        message = _anthropic_message([_tool_use_block("t1", "a", raw_input)])
 
-        message = Message.model_construct(
-            id="msg_1",
-            type="message",
-            role="assistant",
-            model="claude-haiku-4-5",
-            content=[_tool_use_block("t1", "a", "{oops")],
-            stop_reason="tool_use",
-            stop_sequence=None,
-            usage=_anthropic_usage(1, 1),
+        with pytest.raises(ModelResponseError) as caught:
+            from_anthropic_message(message)
+
+        assert str(caught.value).startswith(
+            f"the model's tool call 't1' to 'a' has arguments that {why}"
         )
+        assert (caught.value.call_id, caught.value.tool) == ("t1", "a")
+
+    def test_tool_input_sent_as_the_text_of_a_json_object_is_read(self) -> None:
+        message = _anthropic_message([_tool_use_block("t1", "a", '{"x": 1}')])
 
         [call] = from_anthropic_message(message).message.tool_calls
 
-        assert call == ToolCall(id="t1", name="a", raw_arguments="{oops")
+        assert call == ToolCall(id="t1", name="a", arguments={"x": 1})
+
+    @pytest.mark.parametrize(
+        ("blocks", "kinds"),
+        [
+            ([], "none"),
+            ([{"type": "text", "text": ""}], "text"),
+            ([{"type": "thinking", "thinking": "hmm", "signature": "s"}], "thinking"),
+        ],
+    )
+    def test_a_message_with_no_text_and_no_tool_use_is_unreadable(
+        self, blocks: list[dict[str, Any]], kinds: str
+    ) -> None:
+        from anthropic.types import Message
+
+        message = Message.model_validate(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-haiku-4-5",
+                "content": blocks,
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            }
+        )
+
+        with pytest.raises(
+            ModelResponseError,
+            match=r"the model's answer is empty: the message 'msg_1' \(stop_reason 'end_turn'; "
+            rf"content blocks: {kinds}\) has no text and no tool calls",
+        ):
+            from_anthropic_message(message)
+
+
+def _anthropic_message(content: list[Any]) -> Any:
+    from anthropic.types import Message
+
+    return Message.model_construct(
+        id="msg_1",
+        type="message",
+        role="assistant",
+        model="claude-haiku-4-5",
+        content=content,
+        stop_reason="tool_use",
+        stop_sequence=None,
+        usage=_anthropic_usage(1, 1),
+    )
 
 
 def _tool_use_block(call_id: str, name: str, raw_input: object) -> Any:
@@ -701,6 +940,12 @@ class TestClassifyError:
 
     def test_an_error_outside_the_sdk_is_retryable(self, fake: FakeProvider) -> None:
         assert fake.model().classify_error(ValueError("bad")) == ModelErrorVerdict(True)
+
+    def test_an_unreadable_answer_is_retryable(self, fake: FakeProvider) -> None:
+        """A validation error of the completion attempt, retried as the seed says."""
+        error = ModelResponseError("the model's answer is empty")
+
+        assert fake.model().classify_error(error) == ModelErrorVerdict(True)
 
     def test_openai_configuration_errors_are_retryable_too(
         self, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
@@ -880,7 +1125,7 @@ class TestSupportDeskModel:
 
         assert isinstance(support_desk.build_model(), ScriptedModel)
         [registration] = support_desk.build_registrations()
-        assert registration.version == "1"
+        assert registration.version == "2"
         assert registration.model_retry is None
 
     def test_an_openai_compatible_server_in_the_environment_is_used(
@@ -898,5 +1143,5 @@ class TestSupportDeskModel:
         assert model.identity["model"] == "llama3.1"
         assert model.identity["base_url"] == "http://localhost:11434/v1"
         [registration] = support_desk.build_registrations()
-        assert registration.version == "1-openai"
+        assert registration.version == "2-openai"
         assert registration.model_retry is not None

@@ -8,10 +8,12 @@
 
 Provider errors become a `ModelErrorVerdict` for Temporal's retries. Under
 `model_retry` every error of a completion attempt is retried, a 400 or a
-validation error included (the seed retries permanent errors too), and
-`retry-after-ms` or `Retry-After` (seconds or an HTTP date) sets the next
-retry delay. Each adapter takes `classify_error=` to stop retrying errors you
-know are hopeless; without `model_retry` no error is retried.
+validation error included (the seed retries permanent errors too): an
+answer an adapter cannot read (a tool call whose arguments are not a JSON
+object, an empty completion) raises `ModelResponseError` and is retried the
+same way. `retry-after-ms` or `Retry-After` (seconds or an HTTP date) sets
+the next retry delay. Each adapter takes `classify_error=` to stop retrying
+errors you know are hopeless; without `model_retry` no error is retried.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from durably.models._base import (
     ErrorClassifier,
     Model,
     ModelErrorVerdict,
+    ModelResponseError,
     classify_model_error,
 )
 from durably.models._function import (
@@ -44,6 +47,7 @@ __all__ = [
     "FunctionModel",
     "Model",
     "ModelErrorVerdict",
+    "ModelResponseError",
     "OpenAIChatModel",
     "ScriptedModel",
     "Step",

@@ -6,7 +6,6 @@ module imports without it and says so when the model is built.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ from durably.messages import (
     Usage,
 )
 from durably.models._base import ErrorClassifier
-from durably.models._provider import ProviderModel, given
+from durably.models._provider import ProviderModel, empty_answer, given, tool_arguments
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
@@ -159,7 +158,11 @@ def anthropic_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
 def from_anthropic_message(message: Message) -> ModelResponse:
     """A Messages API answer as durably's: its text, its `tool_use` blocks, its usage.
 
-    Other block types (thinking, server tools) are left out.
+    Other block types (thinking, server tools) are left out. An answer that
+    cannot be read (a `tool_use` input that is not a JSON object, or neither
+    text nor tool use, e.g. an empty content list) raises
+    `ModelResponseError`: it is retried under `model_retry` like any error
+    of the request, and fails the run without it.
     """
     texts: list[str] = []
     calls: list[ToolCall] = []
@@ -168,13 +171,15 @@ def from_anthropic_message(message: Message) -> ModelResponse:
             texts.append(block.text)
         elif block.type == "tool_use":
             raw_input: object = block.input
-            if isinstance(raw_input, dict):
-                calls.append(ToolCall(id=block.id, name=block.name, arguments=dict(raw_input)))
-            else:
-                text = (
-                    raw_input if isinstance(raw_input, str) else json.dumps(raw_input, default=str)
-                )
-                calls.append(ToolCall(id=block.id, name=block.name, raw_arguments=text))
+            arguments = tool_arguments(raw_input, call_id=block.id, tool=block.name)
+            calls.append(ToolCall(id=block.id, name=block.name, arguments=arguments))
+    content = "".join(texts) or None
+    if not calls and not (content and content.strip()):
+        kinds = ", ".join(block.type for block in message.content) or "none"
+        raise empty_answer(
+            f"the message {message.id!r} (stop_reason {message.stop_reason!r}; "
+            f"content blocks: {kinds})"
+        )
     usage = message.usage
     input_tokens = (
         (usage.input_tokens or 0)
@@ -182,6 +187,6 @@ def from_anthropic_message(message: Message) -> ModelResponse:
         + (getattr(usage, "cache_read_input_tokens", None) or 0)
     )
     return ModelResponse(
-        message=AssistantMessage(content="".join(texts) or None, tool_calls=tuple(calls)),
+        message=AssistantMessage(content=content, tool_calls=tuple(calls)),
         usage=Usage(requests=1, input_tokens=input_tokens, output_tokens=usage.output_tokens or 0),
     )

@@ -15,6 +15,7 @@ __all__ = [
     "ErrorClassifier",
     "Model",
     "ModelErrorVerdict",
+    "ModelResponseError",
     "classify_model_error",
 ]
 
@@ -48,6 +49,49 @@ class ModelErrorVerdict:
 
     retryable: bool
     retry_after: timedelta | None = None
+
+
+class ModelResponseError(ValueError):
+    """The model answered, but its answer cannot be read as a response.
+
+    An adapter raises it from inside the completion attempt when a tool
+    call's arguments are not a JSON object (malformed JSON, or JSON that is
+    a list, a string, a number, null) or when the answer is empty (no text
+    and no tool calls). The model activity treats it as it treats a
+    provider's error: under the registration's `model_retry` the model is
+    asked again (the default verdict is retryable; a `classify_error` that
+    returns `ModelErrorVerdict(retryable=False)` for it stops that), and
+    without `model_retry` the run fails, and `retry()` asks again. The
+    answer itself is never recorded.
+
+    Arguments that are a JSON object but do not fit the tool's input model
+    are not this error: the model reads the validation error as that call's
+    result and corrects its call on the next turn. That answer was read
+    whole, so durably can tell the model exactly which field is wrong, and
+    it goes into the transcript as it was. Unreadable arguments give the
+    model nothing precise to correct, cannot be sent back to the provider as
+    they were (servers reject a tool call whose arguments do not parse), and
+    are usually a glitch of one completion (cut off at the token limit, a
+    broken stream) that asking again fixes; like an empty answer, they are
+    a validation error of the completion attempt, retried as the seed says.
+
+    `call_id` and `tool` name the call at fault, or are None when the whole
+    answer is (an empty one).
+
+    .. versionadded:: Unreleased
+    """
+
+    def __init__(
+        self, problem: str, *, call_id: str | None = None, tool: str | None = None
+    ) -> None:
+        self.problem = problem
+        self.call_id = call_id
+        self.tool = tool
+        super().__init__(
+            f"{problem}. The answer was not used: the model is asked again if the "
+            "registration's model_retry allows another attempt; without model_retry the run "
+            "fails, and retry() asks again"
+        )
 
 
 ErrorClassifier = Callable[[BaseException], ModelErrorVerdict]

@@ -24,8 +24,8 @@ from durably.messages import (
     ToolSpec,
     Usage,
 )
-from durably.models._base import ErrorClassifier
-from durably.models._provider import ProviderModel, given
+from durably.models._base import ErrorClassifier, ModelResponseError
+from durably.models._provider import ProviderModel, empty_answer, given, tool_arguments
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -36,7 +36,6 @@ __all__ = [
     "from_openai_completion",
     "openai_messages",
     "openai_tools",
-    "parse_tool_arguments",
 ]
 
 # Prefixed to an error result's content: Chat Completions has no error flag.
@@ -125,7 +124,8 @@ def openai_messages(request: ModelRequest) -> list[dict[str, Any]]:
     """The request's instructions and transcript as Chat Completions messages.
 
     An error result's content starts with `Error: `, since a `tool` message
-    has no error flag. A call whose arguments were not a JSON object is sent
+    has no error flag. A call whose arguments were not a JSON object (in a
+    transcript from an earlier release, or built by your own model) is sent
     back with `{}`: several compatible servers reject a tool call whose
     arguments do not parse, and the error result quotes the text.
     """
@@ -171,12 +171,19 @@ def openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
 
 
 def from_openai_completion(completion: ChatCompletion) -> ModelResponse:
-    """The first choice of a chat completion as durably's answer, with its usage."""
+    """The first choice of a chat completion as durably's answer, with its usage.
+
+    An answer that cannot be read (no choices, a tool call whose arguments
+    are not a JSON object, neither text nor tool calls) raises
+    `ModelResponseError`: it is retried under `model_retry` like any error
+    of the request, and fails the run without it.
+    """
     if not completion.choices:
-        raise ValueError(
-            f"the chat completion {completion.id!r} has no choices; the server returned no answer"
+        raise ModelResponseError(
+            f"the model's answer is empty: the chat completion {completion.id!r} has no choices"
         )
-    message = completion.choices[0].message
+    choice = completion.choices[0]
+    message = choice.message
     calls: list[ToolCall] = []
     for tc in message.tool_calls or ():
         function = getattr(tc, "function", None)
@@ -186,9 +193,13 @@ def from_openai_completion(completion: ChatCompletion) -> ModelResponse:
             custom = getattr(tc, "custom", None)
             name, text = getattr(custom, "name", "?"), getattr(custom, "input", None)
             text = text if text is not None else ""
-        arguments, raw = parse_tool_arguments(text)
-        calls.append(ToolCall(id=tc.id, name=name, arguments=arguments, raw_arguments=raw))
+        arguments = tool_arguments(text, call_id=tc.id, tool=name)
+        calls.append(ToolCall(id=tc.id, name=name, arguments=arguments))
     content = message.content if message.content is not None else message.refusal
+    if not calls and not (content and content.strip()):
+        raise empty_answer(
+            f"the chat completion {completion.id!r} (finish_reason {choice.finish_reason!r})"
+        )
     usage = completion.usage
     return ModelResponse(
         message=AssistantMessage(content=content, tool_calls=tuple(calls)),
@@ -198,23 +209,6 @@ def from_openai_completion(completion: ChatCompletion) -> ModelResponse:
             output_tokens=(usage.completion_tokens or 0) if usage else 0,
         ),
     )
-
-
-def parse_tool_arguments(text: str | None) -> tuple[dict[str, Any], str | None]:
-    """`(arguments, raw_arguments)`: a JSON object decoded, anything else kept as text.
-
-    Empty arguments mean no arguments (some servers send `""` for a tool
-    without parameters).
-    """
-    if text is None or not text.strip():
-        return {}, None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}, text
-    if isinstance(value, dict):
-        return value, None
-    return {}, text
 
 
 def _response_format(schema: type[BaseModel] | Mapping[str, Any]) -> dict[str, Any]:

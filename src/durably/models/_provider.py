@@ -12,6 +12,11 @@ error) included, as the seed says: the default verdict never stops one, and
 next retry delay in place of the policy's backoff. Only a `classify_error`
 the user gives stops retries explicitly.
 
+An answer the adapter cannot read (a tool call whose arguments are not a
+JSON object, an empty completion) raises `ModelResponseError` from inside
+the completion attempt, through `tool_arguments` and `empty_answer`, so it
+is retried (or fails the run) exactly as a provider's error is.
+
 Keeping the client, the server and the identity in one base also keeps the
 adapters' fingerprints built the same way: an adapter adds only its SDK's
 names, its settings, and how it speaks to its API.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import importlib
+import json
 import math
 import os
 from abc import ABC, abstractmethod
@@ -31,15 +37,26 @@ from types import ModuleType
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from durably.messages import ModelRequest, ModelResponse
-from durably.models._base import RETRYABLE, ErrorClassifier, ModelErrorVerdict
+from durably.models._base import (
+    RETRYABLE,
+    ErrorClassifier,
+    ModelErrorVerdict,
+    ModelResponseError,
+)
 
 __all__ = [
     "ProviderModel",
+    "empty_answer",
     "given",
     "http_verdict",
     "import_sdk",
     "retry_after",
+    "tool_arguments",
 ]
+
+# How much of an unreadable answer an error quotes: enough to see what went wrong,
+# bounded, since the message is stored in the run's history.
+_EXCERPT = 200
 
 
 class _SDKClient(Protocol):
@@ -181,6 +198,70 @@ class ProviderModel(ABC, Generic[_ClientT]):
             )
             self._clients = (loop, client)
         return self._clients[1]
+
+
+def tool_arguments(value: object, *, call_id: str, tool: str) -> dict[str, Any]:
+    """A tool call's arguments as a dict, or `ModelResponseError` saying why they are not one.
+
+    `value` is what the provider sent: JSON text (Chat Completions), or an
+    already decoded value (the Messages API's `input`). Empty text means no
+    arguments (some servers send `""` for a tool without parameters). Only
+    readability is checked here; whether the object fits the tool's input
+    model is the model's own mistake to correct, told as the call's result.
+    """
+    if isinstance(value, str) and not value.strip():
+        return {}
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError as exc:
+            position = getattr(exc, "pos", None)
+            where = f": character {position}" if position is not None else ""
+            why = f"are not valid JSON ({getattr(exc, 'msg', exc)}{where})"
+            raise _unreadable_call(why, value, call_id=call_id, tool=tool) from None
+        text = value
+    else:
+        decoded = value
+        text = json.dumps(value, default=str)
+    if not isinstance(decoded, dict):
+        why = f"are JSON {_json_kind(decoded)}, not an object"
+        raise _unreadable_call(why, text, call_id=call_id, tool=tool)
+    return decoded
+
+
+def empty_answer(what: str) -> ModelResponseError:
+    """The error for an answer with neither text nor tool calls; `what` describes it."""
+    return ModelResponseError(f"the model's answer is empty: {what} has no text and no tool calls")
+
+
+def _unreadable_call(why: str, text: str, *, call_id: str, tool: str) -> ModelResponseError:
+    return ModelResponseError(
+        f"the model's tool call {_quoted(call_id)} to {_quoted(tool)} has arguments that {why}: "
+        f"{_quoted(text)}",
+        call_id=call_id,
+        tool=tool,
+    )
+
+
+def _quoted(text: str, limit: int = _EXCERPT) -> str:
+    """`text` quoted, cut to `limit` characters (saying how long it was)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, int | float):
+        return "a number"
+    return f"of type {type(value).__name__}"
 
 
 def given(**settings: Any) -> dict[str, Any]:
