@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from durably.agents import Agent, AgentRegistration, ModelRetry, ToolRetry
     from durably.approvals import ApprovalKeys
-    from durably.client import DurableClient, RunHandle
+    from durably.client import DurableClient, NeededVersion, RunHandle
     from durably.contract import (
         Answer,
         Approval,
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         RunFailedError,
         RunNotFoundError,
         TemporalUnavailableError,
+        VersionDriftError,
     )
     from durably.messages import (
         AssistantMessage,
@@ -100,6 +101,7 @@ _EXPORTS = {
     "ModelRequest": "durably.messages",
     "ModelResponse": "durably.messages",
     "ModelRetry": "durably.agents",
+    "NeededVersion": "durably.client",
     "OpenAIChatModel": "durably.models",
     "OtherAttention": "durably.contract",
     "RegistrationError": "durably.errors",
@@ -126,6 +128,7 @@ _EXPORTS = {
     "ToolSpec": "durably.messages",
     "Usage": "durably.messages",
     "UserMessage": "durably.messages",
+    "VersionDriftError": "durably.errors",
     "VersionIncompatible": "durably.contract",
     "VersionMissing": "durably.contract",
     "final": "durably.models",
@@ -161,6 +164,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelRetry",
+    "NeededVersion",
     "OpenAIChatModel",
     "OtherAttention",
     "RegistrationError",
@@ -187,6 +191,7 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "UserMessage",
+    "VersionDriftError",
     "VersionIncompatible",
     "VersionMissing",
     "final",

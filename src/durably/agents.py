@@ -34,6 +34,16 @@ from durably.tools import Tool, tool_identity
 __all__ = ["Agent", "AgentRegistration", "ModelRetry", "ToolRetry"]
 
 _RECOVERIES: tuple[str, ...] = get_args(Recovery)
+# Which part of `fingerprint_parts` each field of `tool_identity` belongs to;
+# a field not named here is a part of its own.
+_TOOL_PARTS = {
+    "description": "description",
+    "input_schema": "input schema",
+    "output_schema": "output schema",
+    "requires_approval": "approval",
+    "is_question": "approval",
+    "approval_timeout_s": "approval",
+}
 
 
 @dataclass(frozen=True)
@@ -250,6 +260,7 @@ class AgentRegistration:
             tools={t.name: self._tool_policy(t) for t in self.agent.tools},
             continue_as_new_events=self.continue_as_new_events,
             continue_as_new_bytes=self.continue_as_new_bytes,
+            parts=dict(self.fingerprint_parts),
         )
 
     def _tool_policy(self, t: Tool[Any]) -> ToolPolicy:
@@ -272,12 +283,9 @@ class AgentRegistration:
         )
 
     @functools.cached_property
-    def fingerprint(self) -> str:
-        """A hash of the canonical JSON of everything this registration builds.
-
-        Computed once: every activity checks it, and a registration never changes.
-        """
-        data = {
+    def _identity(self) -> dict[str, Any]:
+        """Everything this registration builds, as plain JSON: what `fingerprint` hashes."""
+        data: dict[str, Any] = {
             "agent_id": self.agent.id,
             "model": dict(self.agent.model.identity),
             "instructions": self.agent.instructions,
@@ -288,8 +296,45 @@ class AgentRegistration:
         }
         if self.approvers:  # absent before approvers existed: earlier fingerprints hold
             data["approvers"] = {name: list(people) for name, people in self.approvers.items()}
-        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+        return data
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A hash of the canonical JSON of everything this registration builds.
+
+        Computed once: every activity checks it, and a registration never changes.
+        """
+        return _digest(self._identity, 32)
+
+    @functools.cached_property
+    def fingerprint_parts(self) -> Mapping[str, str]:
+        """A short digest of each part of what `fingerprint` hashes, by part name.
+
+        `model`, `instructions`, `max_turns`, `tool_recovery`, `model_retry`,
+        `approvers` (only when set), `tools` (the tools' names, in order),
+        and per tool `tool NAME description`, `tool NAME input schema`, `tool
+        NAME output schema` and `tool NAME approval` (requires_approval,
+        question, approval timeout). Built from the very data the fingerprint
+        hashes, so two registrations of one agent with different fingerprints
+        differ in at least one part. A run pins them (`AgentPin.parts`), so a
+        worker whose definition changed under the same version can say what
+        changed.
+
+        .. versionadded:: Unreleased
+        """
+        data = self._identity
+        parts: dict[str, list[Any]] = {}
+        for key, value in data.items():
+            if key == "tools":
+                parts["tools"] = [[t["name"] for t in value]]
+            elif key != "agent_id":  # the same agent has the same id
+                parts[key] = [value]
+        for t in data["tools"]:
+            for key, value in t.items():
+                if key != "name":
+                    part = f"tool {t['name']} {_TOOL_PARTS.get(key, key)}"
+                    parts.setdefault(part, []).append([key, value])
+        return {name: _digest(values, 8) for name, values in sorted(parts.items())}
 
     @functools.cached_property
     def pin_digest(self) -> str:
@@ -302,3 +347,9 @@ class AgentRegistration:
         string.
         """
         return policy_digest(self.pin())
+
+
+def _digest(data: Any, length: int) -> str:
+    """The first `length` hex digits of the SHA-256 of `data`'s canonical JSON."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:length]

@@ -99,13 +99,14 @@ async def runs_show(
 
 def _runs_table(runs: list[RunSummary]) -> Table:
     rows = table()
-    for name in ("run id", "agent", "status", "started", "closed"):
+    for name in ("run id", "agent", "fingerprint", "status", "started", "closed"):
         rows.add_column(name, no_wrap=True)
     for r in runs:
         agent = f"{r.agent_id or '-'}@{r.agent_version}" if r.agent_version else r.agent_id
         rows.add_row(
             safe(r.run_id),
             safe(agent or "-"),
+            safe(r.fingerprint[:8] if r.fingerprint else "-"),  # --json has it whole
             status_text(r.status),
             local_time(r.started_at, "%m-%d %H:%M"),
             local_time(r.closed_at, "%m-%d %H:%M"),
