@@ -4,6 +4,7 @@
 
     DurablyError
     ├── RegistrationError         a registration is invalid or clashes with a registered one
+    │   └── VersionDriftError     unfinished runs pinned definitions a strict worker lacks
     ├── DurableConflictError      the run (or registry) is in a state that refuses the request
     │   └── InteractionConflictError  another response was already accepted for it
     ├── InvalidResponseError      a response or resolution does not fit what the run asked
@@ -13,6 +14,7 @@
     ├── RunCancelledError         the run was cancelled
     ├── RunClosedError            Temporal closed the run (terminated, timed out)
     ├── TemporalUnavailableError  the Temporal server (or a worker, for a query) did not answer
+    ├── SearchAttributesMissingError  the namespace lacks durably's search attributes
     └── DevServerError            the local dev server could not start or serve
 
 Each message says what was wrong and what to do about it. Any other request
@@ -22,7 +24,13 @@ the server's message: the client never raises the SDK's `RPCError` as is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from temporalio.service import RPCError, RPCStatusCode
+
+if TYPE_CHECKING:
+    from durably.client import NeededVersion
 
 __all__ = [
     "DevServerError",
@@ -36,7 +44,9 @@ __all__ = [
     "RunClosedError",
     "RunFailedError",
     "RunNotFoundError",
+    "SearchAttributesMissingError",
     "TemporalUnavailableError",
+    "VersionDriftError",
 ]
 
 
@@ -46,6 +56,21 @@ class DurablyError(Exception):
 
 class RegistrationError(DurablyError):
     """An agent registration is invalid or clashes with the live registry."""
+
+
+class VersionDriftError(RegistrationError):
+    """A strict worker refused to start: unfinished runs pinned definitions it lacks.
+
+    Raised by `DurableRuntime.resume()` (and `durably worker --strict`) when
+    a version an unfinished run pinned is not registered, or is registered
+    with another fingerprint; `needed` lists each `NeededVersion` at fault.
+
+    .. versionadded:: Unreleased
+    """
+
+    def __init__(self, message: str, needed: Sequence[NeededVersion] = ()) -> None:
+        super().__init__(message)
+        self.needed = list(needed)
 
 
 class DurableConflictError(DurablyError):
@@ -117,6 +142,13 @@ class TemporalUnavailableError(DurablyError, RPCError):
         raw_grpc_status: bytes = b"",
     ) -> None:
         RPCError.__init__(self, message, status, raw_grpc_status)
+
+
+class SearchAttributesMissingError(DurablyError):
+    """The namespace lacks durably's search attributes (or holds one with another type).
+
+    A worker raises it as it starts; `durably setup` registers them.
+    """
 
 
 class DevServerError(DurablyError):

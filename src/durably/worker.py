@@ -26,12 +26,18 @@ import structlog
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from durably._search_attributes import check_on_start
 from durably.activities import TranscriptCache
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
-from durably.client import DurableClient
+from durably.client import DurableClient, NeededVersion
 from durably.contract import DEFAULT_TASK_QUEUE
-from durably.errors import DurableConflictError, DurablyError, RegistrationError
+from durably.errors import (
+    DurableConflictError,
+    DurablyError,
+    RegistrationError,
+    VersionDriftError,
+)
 from durably.plugin import DurablyPlugin
 from durably.registry import AgentRegistry
 
@@ -56,6 +62,7 @@ class DurableRuntime:
         self.registry = plugin.registry
         self.worker = worker
         self._task: asyncio.Task[None] | None = None
+        self.strict_versions = False
 
     @classmethod
     async def open(
@@ -66,9 +73,11 @@ class DurableRuntime:
         *,
         agents: Iterable[AgentRegistration] = (),
         client: DurableClient | Client | None = None,
+        profile: str | None = None,
         graceful_shutdown: timedelta = timedelta(seconds=10),
         transcript_cache_bytes: int | None = None,
         approval_keys: ApprovalKeys | None = None,
+        strict_versions: bool = False,
         **worker_options: Any,
     ) -> DurableRuntime:
         """Connect (or use `client`) and register `agents`; executes nothing yet.
@@ -78,15 +87,21 @@ class DurableRuntime:
         past it, and a run that does not fit rebuilds its transcript from the
         workflow on every model request. `approval_keys` check signed
         approvals (by default from `DURABLY_APPROVAL_KEYS`; see
-        `durably.approvals`). Other keywords go to Temporal's `Worker`.
+        `durably.approvals`). `profile` names the Temporal config file's
+        profile to connect with (`DurableClient.connect`). `resume()` logs a
+        warning for each version unfinished runs pinned that this worker does
+        not host, or hosts with another fingerprint (see
+        `DurableClient.needed_versions`); `strict_versions=True` refuses to
+        start instead. Other keywords go to Temporal's `Worker`.
 
         .. versionchanged:: Unreleased
-           The `transcript_cache_bytes` and `approval_keys` keywords.
+           The `transcript_cache_bytes`, `approval_keys`, `profile` and
+           `strict_versions` keywords.
         """
         # Checked before connecting: a bad bound should not cost a connection.
         cache = None if transcript_cache_bytes is None else TranscriptCache(transcript_cache_bytes)
         if client is None:
-            durable = await DurableClient.connect(target, namespace, task_queue)
+            durable = await DurableClient.connect(target, namespace, task_queue, profile=profile)
         elif isinstance(client, DurableClient):
             if task_queue != DEFAULT_TASK_QUEUE and task_queue != client.task_queue:
                 raise ValueError(
@@ -111,7 +126,9 @@ class DurableRuntime:
             plugins=[plugin],
             **options,
         )
-        return cls(durable, plugin, worker)
+        runtime = cls(durable, plugin, worker)
+        runtime.strict_versions = strict_versions
+        return runtime
 
     def register_agents(self, registrations: Iterable[AgentRegistration]) -> None:
         """Register a batch: all or nothing; an existing (id, version) is never replaced."""
@@ -151,8 +168,16 @@ class DurableRuntime:
         return True
 
     async def resume(self) -> None:
-        """Start polling: runs execute from now on."""
+        """Start polling: runs execute from now on.
+
+        Raises `SearchAttributesMissingError`, polling nothing, when the
+        namespace lacks durably's search attributes (`durably setup`). Checks
+        the versions unfinished runs pinned against this worker's (see
+        `open`'s `strict_versions`).
+        """
         if self._task is None:
+            await check_on_start(self.client.temporal)
+            await self._check_versions()
             self._task = asyncio.create_task(self.worker.run(), name="durably-worker")
 
     async def serve(self, stop: asyncio.Event) -> None:
@@ -185,6 +210,49 @@ class DurableRuntime:
                 await self._task
             self._task = None
 
+    async def _check_versions(self) -> None:
+        """Log each version unfinished runs pinned that this worker lacks or hosts changed.
+
+        With `strict_versions`, raise `VersionDriftError` instead of starting.
+        """
+        try:
+            needed = await self.client.needed_versions(self.registry)
+        except DurablyError as err:
+            if self.strict_versions:
+                raise VersionDriftError(
+                    f"refusing to start (strict_versions): could not list the versions "
+                    f"unfinished runs need: {err}"
+                ) from err
+            _log.warning("could not check the versions unfinished runs need", error=str(err))
+            return
+        for n in needed:
+            fields = {
+                "agent": n.agent_id,
+                "version": n.version,
+                "runs": n.runs,
+                "example_run": n.example_run_id,
+            }
+            if n.check == "differs":
+                _log.warning(
+                    "registration differs from what unfinished runs pinned; they will park "
+                    "as version_incompatible",
+                    **fields,
+                    pinned_fingerprint=n.fingerprint,
+                    hosted_fingerprint=n.hosted_fingerprint,
+                    changed=list(n.changed) if n.changed is not None else "unknown",
+                )
+            elif n.check == "not_hosted":
+                _log.warning(
+                    "unfinished runs need a version this worker does not host; they will park "
+                    "as version_missing",
+                    **fields,
+                )
+            elif n.check == "fingerprint_unknown":
+                _log.info("unfinished runs pinned no published fingerprint to check", **fields)
+        drift = [n for n in needed if not n.ok]
+        if drift and self.strict_versions:
+            raise VersionDriftError(_drift_message(drift), drift)
+
     async def __aenter__(self) -> DurableRuntime:
         return self
 
@@ -195,6 +263,17 @@ class DurableRuntime:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+def _drift_message(drift: Sequence[NeededVersion]) -> str:
+    lines = "\n".join(f"  - {n.describe()}" for n in drift)
+    return (
+        "refusing to start (strict_versions): unfinished runs need definitions this worker "
+        f"does not host as they pinned them:\n{lines}\n"
+        "Register each original definition under its version again (and give a changed "
+        "definition a new version), or start without strict to let these runs park in "
+        "needs_attention until a worker hosts them."
+    )
 
 
 def load_registrations(spec: str) -> list[AgentRegistration]:
@@ -225,21 +304,26 @@ async def run_worker(
     *,
     target: str | None = None,
     namespace: str | None = None,
+    profile: str | None = None,
     task_queue: str = DEFAULT_TASK_QUEUE,
     stop: asyncio.Event | None = None,
     transcript_cache_bytes: int | None = None,
+    strict_versions: bool = False,
 ) -> None:
     """Host the registrations at `agents` until `stop` is set (or forever).
 
-    `transcript_cache_bytes` is `DurableRuntime.open`'s.
+    `profile`, `transcript_cache_bytes` and `strict_versions` are `DurableRuntime.open`'s.
     """
     runtime = await DurableRuntime.open(
         target,
         namespace,
         task_queue,
         agents=load_registrations(agents),
+        profile=profile,
         transcript_cache_bytes=transcript_cache_bytes,
+        strict_versions=strict_versions,
     )
+    await runtime.resume()  # checks the namespace before saying so
     _log.info("worker started", task_queue=task_queue, agents=runtime.registry.describe())
     await runtime.serve(stop or asyncio.Event())
 

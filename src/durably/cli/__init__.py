@@ -3,9 +3,11 @@
 ::
 
     durably dev --demo                   local Temporal server + a worker with the example agent
+    durably setup                        register durably's search attributes on a namespace
     durably worker --agents mod:attr     host your agents on any Temporal cluster
     durably start AGENT INPUT --wait     start a run (and wait for its output)
     durably runs list [--unfinished]     find runs
+    durably versions --needed            what unfinished runs pinned (--agents: hosted as such?)
     durably runs show RUN [--json]       read one run's snapshot
     durably inbox                        what waits for a person, across all runs
     durably approve RUN --as NAME        approve the pending tool call (deny: --reason)
@@ -15,16 +17,18 @@
     durably retry RUN                    run a failed run's failed operation again
     durably cancel RUN                   cancel a run and wait until it has closed
 
-`--target` and `--namespace` go before the command or after it (`durably
---target H approve RUN` or `durably approve RUN --target H`); they default to
-the standard `TEMPORAL_ADDRESS` / `TEMPORAL_NAMESPACE` environment variables
-and Temporal config file, else `localhost:7233` and `default`. A
+`--target`, `--namespace` and `--profile` go before the command or after it
+(`durably --target H approve RUN` or `durably approve RUN --target H`); they
+default to the standard `TEMPORAL_ADDRESS` / `TEMPORAL_NAMESPACE` environment
+variables and Temporal config file (its profile `--profile`, else
+`$TEMPORAL_PROFILE`, else `default`), else `localhost:7233` and `default`. A
 `DurablyError` prints its message in red and exits with status 1.
 
 One job per module: `_connection` (the connection options, declared once, and
 how an `async def` becomes a command), `_operate` (commands that change runs),
 `_read` (commands that read and render them), `_serve` (worker, dev server,
-approval keys), `_terminal` (what reaches the terminal).
+approval keys), `_setup` (a namespace's search attributes), `_versions` (the
+versions runs need), `_terminal` (what reaches the terminal).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import sys
 
 import typer
 
-from durably.cli import _operate, _read, _serve
+from durably.cli import _operate, _read, _serve, _setup, _versions
 from durably.cli._connection import connection_options
 
 __all__ = ["app", "main"]
@@ -52,6 +56,7 @@ app.callback()(connection_options)
 runs_app = typer.Typer(help="Find runs and read them.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 
+app.command()(_setup.setup)
 app.command()(_serve.worker)
 app.command()(_serve.dev)
 app.command()(_operate.start)
@@ -63,6 +68,7 @@ app.command()(_operate.deny)
 app.command()(_operate.answer)
 app.command("approval-key")(_serve.approval_key)
 app.command()(_read.inbox)
+app.command()(_versions.versions)
 runs_app.command("list")(_read.runs_list)
 runs_app.command("show")(_read.runs_show)
 

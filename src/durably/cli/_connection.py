@@ -1,17 +1,19 @@
 """Which Temporal cluster a command talks to, declared once for every command.
 
-`--target` and `--namespace` are options of the app itself (`connection_options`,
-its callback) *and* of every command that connects, so both spellings work::
+`--target`, `--namespace` and `--profile` are options of the app itself
+(`connection_options`, its callback) *and* of every command that connects, so
+both spellings work::
 
     durably --target host:7233 approve RUN --as alice
     durably approve RUN --as alice --target host:7233     # scripts and the README
 
 Commands never declare them: an `async def` command that takes a `Connection`
-parameter is made a Typer command by `command`, which puts the two options in
+parameter is made a Typer command by `command`, which puts the options in
 that parameter's place and passes the `Connection` they name (the command's own
 options win over the app's). Unset, they default to `TEMPORAL_ADDRESS` /
-`TEMPORAL_NAMESPACE` and the Temporal config file, else `localhost:7233` and
-`default` (`DurableClient.connect` decides).
+`TEMPORAL_NAMESPACE` and the Temporal config file's profile (`--profile`, else
+`$TEMPORAL_PROFILE`, else `default`: address, namespace, TLS, API key), else
+`localhost:7233` and `default` (`DurableClient.connect` decides).
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ Namespace = Annotated[
         show_default=False,
     ),
 ]
+Profile = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="Profile of the Temporal config file ($TEMPORAL_CONFIG_FILE, else "
+        "temporalio/temporal.toml in your user config directory) to connect with: address, "
+        "namespace, TLS, API key. Default: $TEMPORAL_PROFILE, else default.",
+        show_default=False,
+    ),
+]
 TaskQueue = Annotated[str, typer.Option("--task-queue", help="Task queue of durably's workers.")]
 RunId = Annotated[str, typer.Argument(metavar="RUN", help="The run id.")]
 
@@ -55,9 +67,12 @@ class Connection:
 
     target: str | None = None
     namespace: str | None = None
+    profile: str | None = None
 
     async def client(self, task_queue: str = DEFAULT_TASK_QUEUE) -> DurableClient:
-        return await DurableClient.connect(self.target, self.namespace, task_queue)
+        return await DurableClient.connect(
+            self.target, self.namespace, task_queue, profile=self.profile
+        )
 
     async def get_run(self, run_id: str) -> RunHandle:
         """The run named on the command line."""
@@ -65,17 +80,17 @@ class Connection:
 
 
 def connection_options(
-    ctx: typer.Context, target: Target = None, namespace: Namespace = None
+    ctx: typer.Context, target: Target = None, namespace: Namespace = None, profile: Profile = None
 ) -> None:
     """The app's callback: keep the options given before the command for the command."""
-    ctx.obj = Connection(target, namespace)
+    ctx.obj = Connection(target, namespace, profile)
 
 
 def command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
     """A Typer command that runs the coroutine function `func` (see `run`).
 
-    If `func` takes a `Connection`, the command takes `--target`/`--namespace`
-    instead, in that parameter's place, and `func` gets the connection they name
+    If `func` takes a `Connection`, the command takes `--target`/`--namespace`/
+    `--profile` instead, in that parameter's place, and `func` gets the connection they name
     (falling back to the ones given before the command).
     """
     signature = inspect.signature(func, eval_str=True)
@@ -91,12 +106,17 @@ def command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., Non
 
     # Takes what `connection_options` takes (see `_CONNECTION_PARAMS`), then func's options.
     def connected(
-        ctx: typer.Context, target: str | None, namespace: str | None, **options: Any
+        ctx: typer.Context,
+        target: str | None,
+        namespace: str | None,
+        profile: str | None,
+        **options: Any,
     ) -> None:
         before = ctx.find_object(Connection) or Connection()
         conn = Connection(
             before.target if target is None else target,
             before.namespace if namespace is None else namespace,
+            before.profile if profile is None else profile,
         )
         run(func(**options, **{name: conn}))
 
@@ -110,6 +130,6 @@ def command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., Non
     return connected
 
 
-# What `connection_options` takes (its context, --target, --namespace), once more
+# What `connection_options` takes (its context, --target, --namespace, --profile), once more
 # for every command that connects.
 _CONNECTION_PARAMS = list(inspect.signature(connection_options, eval_str=True).parameters.values())

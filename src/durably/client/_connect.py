@@ -22,8 +22,17 @@ async def connect_temporal(
 
     Arguments win over the environment, which wins over the config file
     (`temporalio.envconfig`); with nothing set, the local dev server.
+    `profile` names the config file's profile (else `TEMPORAL_PROFILE`, else
+    `default`).
     """
-    config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
+    try:
+        config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
+    except RuntimeError as err:  # the SDK's ConfigError: an unreadable file, an unknown profile
+        raise DurablyError(
+            f"cannot read the Temporal config ({err}). Check the config file "
+            "($TEMPORAL_CONFIG_FILE, else temporalio/temporal.toml in your user config "
+            "directory) and the profile named by --profile or $TEMPORAL_PROFILE."
+        ) from err
     if target:
         config["target_host"] = target
     if namespace:
