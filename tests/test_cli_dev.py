@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -89,6 +91,12 @@ class DurablyDev:
     def output(self) -> str:
         return "\n".join(self.lines)
 
+    def line_with(self, text: str) -> str:
+        """The first output line already printed that contains `text`."""
+        found = next((line for line in self.lines if text in line), None)
+        assert found is not None, f"no line with {text!r}; output:\n{self.output}"
+        return found
+
     async def line_starting(self, prefix: str, *, within: float = STARTUP) -> str:
         """The first output line starting with `prefix`, waiting up to `within` seconds."""
         deadline = asyncio.get_running_loop().time() + within
@@ -146,22 +154,69 @@ def http_status(url: str) -> int:
         return status
 
 
-async def test_dev_demo_completes_a_run_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
-    """`durably dev --demo` serves, finishes the demo run, and stops cleanly on SIGINT."""
+async def demo_runs(dev: DurablyDev) -> tuple[str, str]:
+    """The demo's two run ids, once it has printed them all: (completed, waiting)."""
+    await dev.line_starting("Serving.")
+    runs = [line.removeprefix("Demo run: ") for line in dev.lines if line.startswith("Demo run: ")]
+    assert len(runs) == 2, dev.output
+    return runs[0], runs[1]
+
+
+async def test_dev_demo_completes_one_run_leaves_one_waiting_and_ctrl_c_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    """`durably dev --demo` finishes one run, prints three ways to answer the waiting one
+    (the printed signal answers it), and stops cleanly on SIGINT."""
     port, ui_port = free_ports(2)
     dev = await DurablyDev.start(tmp_path / "t.db", port, ui_port, "--demo")
     try:
-        run_id = (await dev.line_starting("Demo run: ")).removeprefix("Demo run: ").strip()
-        output = await dev.line_starting("Demo output: ")
-        assert "I opened ticket T-" in output
-        link = f"http://localhost:{ui_port}/namespaces/default/workflows/{run_id}"
-        assert any(link in line for line in dev.lines), dev.output
+        done_id, waiting_id = await demo_runs(dev)
+        output = dev.line_with("Demo output: ")
+        assert "Jobs stuck in the print queue (KB-210)" in output
+        for run_id in (done_id, waiting_id):
+            link = f"http://localhost:{ui_port}/namespaces/default/workflows/{run_id}"
+            assert f"  Web UI: {link}" in dev.lines, dev.output
 
         client = await connect(port)
-        snap = await (await client.get_run(run_id)).snapshot()
-        assert snap.status == RunStatus.COMPLETED
-        assert snap.agent_id == AGENT_ID
-        assert snap.output is not None and snap.output in output
+        done = await (await client.get_run(done_id)).snapshot()
+        assert done.status == RunStatus.COMPLETED
+        assert done.agent_id == AGENT_ID
+        assert done.output is not None and done.output in output
+        waiting_run = await client.get_run(waiting_id)
+        waiting = await waiting_run.snapshot()
+        assert waiting.status == RunStatus.WAITING
+        assert waiting.interaction is not None and waiting.interaction.tool == "create_ticket"
+        assert f"Demo run {waiting_id} is waiting for approval of create_ticket" in dev.output
+
+        # 1. durably's CLI, against this server.
+        target = f"--target 127.0.0.1:{port}"
+        assert dev.line_with(f" approve {waiting_id} ").endswith(
+            f" approve {waiting_id} --as NAME {target}"
+        )
+        assert dev.line_with(f" deny {waiting_id} ").endswith(
+            f" deny {waiting_id} --reason WHY --as NAME {target}"
+        )
+        # 3. The Web UI's list, filtered to the runs waiting for a person.
+        link = dev.line_with("/workflows?query=").strip()
+        assert link.startswith(f"http://localhost:{ui_port}/namespaces/default/workflows?")
+        [query] = urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)["query"]
+        assert query == 'DurablyStatus="waiting"'
+
+        async def only_the_waiting_run_listed() -> bool:  # visibility trails the last upsert
+            listed = [w.id async for w in client.temporal.list_workflows(query)]
+            return listed == [waiting_id]
+
+        await eventually(only_the_waiting_run_listed)
+        # 2. Temporal's CLI: the printed command, with the input the Web UI shows.
+        argv = shlex.split(dev.line_with(" workflow signal "))
+        assert Path(argv[0]).name == "temporal"
+        assert argv[1:7] == ["workflow", "signal", "--workflow-id", waiting_id,
+                             "--name", "respond_signal"]  # fmt: skip
+        assert waiting.current is not None and argv[-1] in waiting.current
+        signalled = await cli(binary("temporal"), *argv[1:], env=clean_env())
+        assert signalled.returncode == 0, signalled.stderr
+        result = await asyncio.wait_for(waiting_run.result(), 60)
+        assert result.output is not None and "I opened ticket T-1001" in result.output
         assert await asyncio.to_thread(http_status, f"http://127.0.0.1:{ui_port}/") == 200
 
         missing = await durably_cli("runs", "show", "no-such-run", "--target", f"127.0.0.1:{port}")
@@ -179,13 +234,15 @@ async def test_dev_demo_completes_a_run_and_ctrl_c_leaves_no_process(tmp_path: P
 async def test_dev_rerun_reuses_the_database_and_finishes_unfinished_runs(
     tmp_path: Path,
 ) -> None:
-    """A rerun on the same database keeps the earlier run and finishes a pending one."""
+    """A rerun on the same database keeps the earlier runs, finishes a pending one, and
+    the demo's printed `durably approve` answers the run it left waiting."""
     db = tmp_path / "t.db"
     port, ui_port = free_ports(2)
     first = await DurablyDev.start(db, port, ui_port, "--demo")
     try:
-        demo_run = (await first.line_starting("Demo run: ")).removeprefix("Demo run: ").strip()
-        await first.line_starting("Demo output: ")
+        demo_run, waiting_run = await demo_runs(first)
+        approve = shlex.split(first.line_with(f" approve {waiting_run} "))
+        first_target = f"127.0.0.1:{port}"
         assert await first.ctrl_c() == 0, first.output
     finally:
         await first.kill()
@@ -203,9 +260,16 @@ async def test_dev_rerun_reuses_the_database_and_finishes_unfinished_runs(
         await second.line_starting("Serving.")
         client = await connect(port)
         result = await asyncio.wait_for((await client.get_run(pending.run_id)).result(), 60)
-        assert result.output is not None and "I opened ticket T-1002" in result.output
+        assert result.output is not None and "KB-210" in result.output
 
-        expected = {demo_run: "completed", pending.run_id: "completed"}
+        # The command the first session printed, pointed at this session's server.
+        assert approve[-2:] == ["--target", first_target]
+        approved = await durably_cli(*approve[1:-1], f"127.0.0.1:{port}")
+        assert approved.returncode == 0, approved.stderr
+        result = await asyncio.wait_for((await client.get_run(waiting_run)).result(), 60)
+        assert result.output is not None and "I opened ticket T-1001" in result.output
+
+        expected = {demo_run: "completed", waiting_run: "completed", pending.run_id: "completed"}
         statuses: dict[str, str] = {}
 
         async def listed_as_expected() -> bool:  # visibility trails the last upsert

@@ -26,18 +26,15 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import (
-    AddSearchAttributesRequest,
-    ListSearchAttributesRequest,
-)
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from durably._search_attributes import register_missing
 from durably.contract import SEARCH_ATTRIBUTES
 from durably.errors import DevServerError
 
@@ -116,6 +113,12 @@ class DevServer:
     def workflow_url(self, run_id: str) -> str:
         """The Web UI page of one run."""
         return f"{self.ui_url}/namespaces/{self.namespace}/workflows/{run_id}"
+
+    def workflows_url(self, query: str | None = None) -> str:
+        """The Web UI's list of runs, filtered by a visibility `query` such as
+        `DurablyStatus="waiting"`."""
+        url = f"{self.ui_url}/namespaces/{self.namespace}/workflows"
+        return url if query is None else f"{url}?query={urllib.parse.quote(query, safe='')}"
 
     @property
     def pid(self) -> int | None:
@@ -239,7 +242,7 @@ class DevServer:
                     )
                 if client is not None:
                     if not registered:  # once: the namespace answers, the attributes exist
-                        await self._ensure_search_attributes(client)
+                        await register_missing(client)
                         registered = True
                     if await _accepts(self.ip, self.ui_port):
                         return client
@@ -247,22 +250,6 @@ class DevServer:
             except (RuntimeError, RPCError, TimeoutError) as err:
                 last_error = str(err)
             await asyncio.sleep(0.1)
-
-    async def _ensure_search_attributes(self, client: Client) -> None:
-        """Register any of durably's search attributes the namespace lacks."""
-        listed = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=self.namespace)
-        )
-        missing = [k.name for k in SEARCH_ATTRIBUTES if k.name not in listed.custom_attributes]
-        if missing:
-            await client.operator_service.add_search_attributes(
-                AddSearchAttributesRequest(
-                    namespace=self.namespace,
-                    search_attributes={
-                        name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for name in missing
-                    },
-                )
-            )
 
     def _log_tail(self) -> str:
         try:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -26,15 +27,35 @@ from temporalio.service import RPCError
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
 from durably.cli._connection import Connection, TaskQueue, command
-from durably.cli._terminal import console, err_console, safe
-from durably.client import DurableClient
-from durably.contract import DEFAULT_TASK_QUEUE, SA_AGENT, SA_STATUS, WORKFLOW_TYPE
+from durably.cli._terminal import clip, console, err_console, safe
+from durably.client import DurableClient, RunHandle
+from durably.contract import (
+    DEFAULT_TASK_QUEUE,
+    SA_AGENT,
+    SA_STATUS,
+    WORKFLOW_TYPE,
+    Approval,
+    Handler,
+    Interaction,
+    RespondRequest,
+    RunSnapshot,
+    RunStatus,
+)
 from durably.dev import DEFAULT_DB, DevServer
 from durably.errors import DurablyError
 
 T = TypeVar("T")
 
-_DEMO_PROMPT = "My printer queue is stuck"
+# Where a demo run stops: done, or waiting for a person (or an operator).
+_SETTLED = frozenset(
+    {
+        RunStatus.COMPLETED,
+        RunStatus.WAITING,
+        RunStatus.NEEDS_ATTENTION,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+    }
+)
 
 
 @command
@@ -58,11 +79,21 @@ async def worker(
             show_default=False,
         ),
     ] = None,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Refuse to start when unfinished runs pinned a version these agents lack "
+            "or define differently (otherwise: a warning per version).",
+        ),
+    ] = False,
 ) -> None:
     """Host the agents at `module:attr` until Ctrl-C or SIGTERM, then drain and exit.
 
     Signed approvals are checked with the keys in $DURABLY_APPROVAL_KEYS (or the
-    file $DURABLY_APPROVAL_KEYS_FILE names).
+    file $DURABLY_APPROVAL_KEYS_FILE names). At start, each version unfinished
+    runs pinned that these agents lack or define differently is logged
+    (`durably versions --needed` shows the same).
     """
     from durably.worker import run_worker
 
@@ -71,9 +102,11 @@ async def worker(
         agents,
         target=conn.target,
         namespace=conn.namespace,
+        profile=conn.profile,
         task_queue=task_queue,
         stop=_stop_on_signals(),
         transcript_cache_bytes=None if cache_mb is None else cache_mb * 2**20,
+        strict_versions=strict,
     )
     console.print("Worker stopped.")
 
@@ -81,7 +114,11 @@ async def worker(
 @command
 async def dev(
     demo: Annotated[
-        bool, typer.Option("--demo", help="Start a run of the example agent and show its result.")
+        bool,
+        typer.Option(
+            "--demo",
+            help="Start two runs of the example agent: one completes, one waits for approval.",
+        ),
     ] = False,
     port: Annotated[int, typer.Option("--port", help="gRPC port of the Temporal server.")] = 7233,
     ui_port: Annotated[int, typer.Option("--ui-port", help="Port of the Temporal Web UI.")] = 8233,
@@ -152,7 +189,6 @@ async def _serve(
     demo: bool,
 ) -> None:
     """Host `registrations` on `temporal` until `stop`; the worker drains before returning."""
-    from durably.examples import support_desk
     from durably.worker import DurableRuntime
 
     runtime = await DurableRuntime.open(client=DurableClient(temporal), agents=registrations)
@@ -161,7 +197,7 @@ async def _serve(
         _banner(server, runtime.registry.describe())
         await _report_unfinished(runtime.client)
         if demo:
-            await _until(stop, _demo(runtime.client, server, support_desk.demo_input()))
+            await _until(stop, _demo(runtime.client, server))
         if not stop.is_set():
             console.print("Serving. Press Ctrl-C to stop.")
     except BaseException:
@@ -171,30 +207,101 @@ async def _serve(
     console.print("Worker stopped.")
 
 
-async def _demo(client: DurableClient, server: DevServer, text: str) -> None:
-    from durably.examples.support_desk import AGENT_ID
+async def _demo(client: DurableClient, server: DevServer) -> None:
+    """Two runs of the example: the knowledge base answers the first, which completes
+    unattended; the second opens a ticket, so it waits for a person's approval."""
+    from durably.examples import support_desk
 
-    run = await client.start_run(AGENT_ID, text)
-    console.print(Text(f"Demo run: {run.run_id}", style="bold"))
-    console.print(Text(f"  Web UI: {server.workflow_url(run.run_id)}"))
-    console.print(Text(f"  Input:  {text}"))
-    try:
-        result = await run.result()
-    except DurablyError as err:
-        err_console.print(safe(f"Demo run did not complete: {err}", style="red"))
-        return
-    console.print(safe(f"Demo output: {result.output}", keep_newlines=True, style="green"))
+    inputs = (support_desk.demo_input_unattended(), support_desk.demo_input())
+    runs = [await client.start_run(support_desk.AGENT_ID, text) for text in inputs]
+    for run, text in zip(runs, inputs, strict=True):
+        console.print(Text(f"Demo run: {run.run_id}", style="bold"))
+        console.print(Text(f"  Web UI: {server.workflow_url(run.run_id)}"))
+        console.print(Text(f"  Input:  {text}"))
+        try:
+            snap = await _settled(run)
+        except DurablyError as err:
+            err_console.print(safe(f"Demo run did not complete: {err}", style="red"))
+            continue
+        if snap.status == RunStatus.COMPLETED:
+            output = f"Demo output: {snap.output}"
+            console.print(safe(output, keep_newlines=True, style="green"))
+        elif snap.interaction is not None and snap.interaction.type == "tool-approval":
+            _how_to_answer(server, run.run_id, snap.interaction)
+        else:
+            err_console.print(
+                safe(
+                    f"Demo run {run.run_id} is {snap.status.value}: {snap.error or snap.current}",
+                    style="red",
+                )
+            )
+
+
+async def _settled(run: RunHandle) -> RunSnapshot:
+    """The run's snapshot once it completed or stopped for a person or an operator."""
+    while True:
+        snap = await run.snapshot()
+        if snap.status in _SETTLED and (snap.status != RunStatus.WAITING or snap.interactions):
+            return snap
+        await asyncio.sleep(0.1)  # nothing announces the change; the query is cheap
+
+
+def _how_to_answer(server: DevServer, run_id: str, interaction: Interaction) -> None:
+    """The three ways to answer an approval: durably's CLI, Temporal's CLI, the Web UI."""
+    default_port = server.port == 7233
+    target = "" if default_port else f" --target {server.address}"
+    address = "" if default_port else f" --address {server.address}"
+    run, name = shlex.quote(run_id), Handler.RESPOND_SIGNAL.value
+    # The same input the run's current details (and the Web UI) show.
+    request = RespondRequest(
+        interaction_id=interaction.id,
+        response=Approval(args_digest=interaction.args_digest).model_dump(
+            mode="json", exclude_none=True
+        ),
+        responder="NAME",
+    )
+    signal_input = json.dumps(
+        request.model_dump(mode="json", exclude_none=True), ensure_ascii=False
+    )
+    waiting = f'{SA_STATUS.name}="{RunStatus.WAITING.value}"'
+    args = clip(json.dumps(interaction.args, ensure_ascii=False), 120)
+    durably, temporal = _command("durably"), _command("temporal")
+    console.print(
+        safe(
+            f"Demo run {run_id} is waiting for approval of {interaction.tool} with {args}",
+            style="bold yellow",
+        )
+    )
+    console.print(Text("Approve or deny it with durably:", style="bold"))
+    console.print(safe(f"  {durably} approve {run} --as NAME{target}"))
+    console.print(safe(f"  {durably} deny {run} --reason WHY --as NAME{target}"))
+    console.print(Text("or with the Temporal CLI:", style="bold"))
+    console.print(
+        safe(
+            f"  {temporal} workflow signal --workflow-id {run} --name {name}{address} "
+            f"--input {shlex.quote(signal_input)}"
+        )
+    )
+    console.print(
+        Text(
+            f"or in the Web UI, from the runs waiting for a person ({waiting}): open the "
+            "run, then Send a Signal with that name and input:",
+            style="bold",
+        )
+    )
+    console.print(Text(f"  {server.workflows_url(waiting)}"))
 
 
 def _banner(server: DevServer, agents: str) -> None:
     """What runs where, and how to start a run; plain lines, so commands copy cleanly."""
-    from durably.examples.support_desk import AGENT_ID
+    from durably.examples.support_desk import AGENT_ID, demo_input_unattended
 
     default_port = server.port == 7233
     address = "" if default_port else f" --address {server.address}"
     target = "" if default_port else f" --target {server.address}"
+    prompt = demo_input_unattended()
     start_input = json.dumps(
-        {"agent_id": AGENT_ID, "input": _DEMO_PROMPT, "version": None},
+        {"agent_id": AGENT_ID, "input": prompt, "version": None},
         separators=(",", ":"),
     )
     durably, temporal = _command("durably"), _command("temporal")
@@ -207,7 +314,7 @@ def _banner(server: DevServer, agents: str) -> None:
     ):
         console.print(Text.assemble("  ", (f"{name:<17}", "bold"), value))
     console.print(Text("Start a run:", style="bold"))
-    console.print(Text(f"  {durably} start {AGENT_ID} '{_DEMO_PROMPT}'{target} --wait"))
+    console.print(Text(f"  {durably} start {AGENT_ID} '{prompt}'{target} --wait"))
     console.print(
         Text(
             f"  {temporal} workflow start --type {WORKFLOW_TYPE} --task-queue "

@@ -1,17 +1,22 @@
-"""The support-desk example: search a knowledge base, open a ticket, answer.
+"""The support-desk example: search a knowledge base, answer or open a ticket.
 
-It shows the two retrying recovery policies side by side:
+It shows an approval and the two retrying recovery policies side by side:
 
 - `search_kb` is `safe`: it only reads, so an uncertain call simply runs again.
-- `create_ticket` is `idempotent`: it writes, so it keys the ticket by
-  `ctx.operation_id`. A retry after a crash finds the ticket the first
-  attempt made and returns it instead of opening a second one.
+- `create_ticket` is the side effect, so it `requires_approval`: the run
+  waits (`waiting`) until a person approves or denies the ticket. It is
+  `idempotent`: it keys the ticket by `ctx.operation_id`, so a retry after a
+  crash finds the ticket the first attempt made and returns it instead of
+  opening a second one.
 
-The model is scripted (no API key needed): it searches, opens a ticket, then
-answers with the ticket id. Each step is a function of the request, chosen by
-the number of answers the model already gave, so a restarted worker picks
-the run up exactly where it was. With `OPENAI_API_KEY` or `OPENAI_BASE_URL`
-set, `build_model()` picks an OpenAI-compatible model instead.
+The model is scripted (no API key needed): it searches; when every article
+it found is one the user can follow alone (`self_service`), it answers with
+them and the run completes unattended; otherwise it opens a ticket, which
+waits for approval, then answers with the ticket id. Each step is a function
+of the request, chosen by the number of answers the model already gave, so a
+restarted worker picks the run up exactly where it was. With
+`OPENAI_API_KEY` or `OPENAI_BASE_URL` set, `build_model()` picks an
+OpenAI-compatible model instead.
 
 Host it with `durably dev`, or on any cluster with::
 
@@ -51,6 +56,7 @@ __all__ = [
     "build_registrations",
     "create_ticket",
     "demo_input",
+    "demo_input_unattended",
     "registrations",
     "search_kb",
     "tickets_dir",
@@ -60,8 +66,9 @@ AGENT_ID = "support-desk"
 
 INSTRUCTIONS = (
     "You are a support-desk assistant. Search the knowledge base for the user's problem "
-    "with search_kb, open a ticket for it with create_ticket, then answer with the ticket "
-    "id and the most relevant articles."
+    "with search_kb. If every article found is self_service, answer with those articles. "
+    "Otherwise open a ticket for the problem with create_ticket (a person approves each "
+    "ticket first), then answer with the ticket id and the most relevant articles."
 )
 
 
@@ -76,6 +83,9 @@ class Article(BaseModel):
     id: str
     title: str
     snippet: str
+    self_service: bool = Field(
+        default=False, description="The user can fix the problem alone by following it."
+    )
 
 
 class SearchResult(BaseModel):
@@ -118,6 +128,7 @@ _KB: tuple[tuple[frozenset[str], Article], ...] = (
             id="KB-031",
             title="Reset a forgotten password",
             snippet="Use the self-service portal; accounts unlock 15 minutes after a reset.",
+            self_service=True,
         ),
     ),
     (
@@ -126,6 +137,7 @@ _KB: tuple[tuple[frozenset[str], Article], ...] = (
             id="KB-210",
             title="Jobs stuck in the print queue",
             snippet="Clear the queue from the printer's web page and re-add the printer.",
+            self_service=True,
         ),
     ),
     (
@@ -185,7 +197,7 @@ def _open_ticket(directory: Path, operation_id: str, args: TicketArgs) -> tuple[
     return int(row[0]), inserted == 1
 
 
-@tool
+@tool(requires_approval=True)  # a person approves each ticket before it is opened
 async def create_ticket(args: TicketArgs, ctx: ToolContext) -> Ticket:
     """Open a support ticket; returns its id. Safe to retry: keyed by the operation id."""
     number, created = await asyncio.to_thread(_open_ticket, tickets_dir(), ctx.operation_id, args)
@@ -224,10 +236,20 @@ def search_step(request: ModelRequest) -> AssistantMessage:
     )
 
 
-def ticket_step(request: ModelRequest) -> AssistantMessage:
-    """Turn 2: open a ticket that names what the search found."""
+def _tips(articles: list[Article]) -> str:
+    return " ".join(f"{a.title} ({a.id}): {a.snippet}" for a in articles)
+
+
+def triage_step(request: ModelRequest) -> AssistantMessage:
+    """Turn 2: answer from self-service articles, or open a ticket naming what was found."""
     question = _question(request)
-    found = "; ".join(f"{a.id} {a.title}" for a in _articles(request)) or "none"
+    articles = _articles(request)
+    if articles and all(a.self_service for a in articles):
+        return AssistantMessage(
+            content=f"You can fix this yourself. {_tips(articles)} "
+            "If that does not help, tell me and I will open a ticket."
+        )
+    found = "; ".join(f"{a.id} {a.title}" for a in articles) or "none"
     return AssistantMessage(
         content="Opening a ticket so the support team can follow up.",
         tool_calls=(
@@ -247,9 +269,9 @@ def answer_step(request: ModelRequest) -> AssistantMessage:
     ticket = next((r for r in results if r.tool == "create_ticket"), None)
     if ticket is None or ticket.is_error:
         reason = ticket.content if ticket else "no ticket result"
-        return AssistantMessage(content=f"I could not open a ticket ({reason}). Please try again.")
+        return AssistantMessage(content=f"I did not open a ticket ({reason}).")
     ticket_id = Ticket.model_validate_json(ticket.content).ticket_id
-    tips = " ".join(f"{a.title} ({a.id}): {a.snippet}" for a in _articles(request))
+    tips = _tips(_articles(request))
     text = f"I opened ticket {ticket_id} for you; the support team will follow up."
     return AssistantMessage(content=f"{text} Meanwhile: {tips}" if tips else text)
 
@@ -264,7 +286,7 @@ def build_model() -> Model:
     different model changes the registration's fingerprint, so the provider
     model is registered under its own version (see `build_registrations`).
     """
-    scripted = ScriptedModel([search_step, ticket_step, answer_step], name="support-desk-scripted")
+    scripted = ScriptedModel([search_step, triage_step, answer_step], name="support-desk-scripted")
     base_url = os.environ.get("OPENAI_BASE_URL") or None
     has_key = bool(os.environ.get("OPENAI_API_KEY"))
     if not (has_key or base_url):
@@ -289,8 +311,9 @@ def build_model() -> Model:
 def build_registrations() -> list[AgentRegistration]:
     """The support-desk agent, with its recovery policies.
 
-    Version "1" with the scripted model; "1-openai" with a provider model,
-    whose failed requests Temporal retries (honouring `Retry-After`).
+    Version "2" with the scripted model; "2-openai" with a provider model,
+    whose failed requests Temporal retries (honouring `Retry-After`). Version
+    "1" opened tickets without an approval.
     """
     agent = Agent(
         id=AGENT_ID,
@@ -303,7 +326,7 @@ def build_registrations() -> list[AgentRegistration]:
     return [
         AgentRegistration(
             agent,
-            version="1" if scripted else "1-openai",
+            version="2" if scripted else "2-openai",
             tool_recovery={"search_kb": "safe", "create_ticket": "idempotent"},
             model_retry=None if scripted else ModelRetry(max_attempts=5),
         )
@@ -314,8 +337,13 @@ registrations: list[AgentRegistration] = build_registrations()
 
 
 def demo_input() -> str:
-    """A sample request for the demo run."""
+    """A sample request that needs a ticket: its run waits for an approval."""
     return (
         "My VPN disconnects every few minutes since this morning's update, "
         "and I can't reach the wiki. Can you help?"
     )
+
+
+def demo_input_unattended() -> str:
+    """A sample request the knowledge base answers: its run completes unattended."""
+    return "My printer queue is stuck"
