@@ -25,7 +25,7 @@ from durably.contract import RespondAccepted
 from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
 from durably.tools import question_tool
 
-from .conftest import Runtimes, record_history, wait_for_interaction
+from .conftest import Runtimes, eventually, record_history, wait_for_interaction
 
 TURNS = 12
 
@@ -246,6 +246,15 @@ async def test_a_repeated_approval_after_continue_as_new_returns_the_original_ac
             # The run continued as new since `previous` was accepted: repeat it.
             assert await run.respond(previous[0], approve, responder="op") == previous[2]
             repeated += 1
+            # The run that continued as new keeps `running` as its last status, but it is
+            # over: the chain is one unfinished run (what the startup recipe registers for).
+
+            async def listed_once() -> bool:
+                listed = await client.list_runs(unfinished=True, agent_id="stepper")
+                statuses = await client.list_runs(status=RunStatus.RUNNING, agent_id="stepper")
+                return [r.run_id for r in listed] == [run.run_id] and statuses == []
+
+            await eventually(listed_once)
         accepted = await run.respond(interaction, approve, responder="op")
         previous = (interaction, temporal_run, accepted)
     result = await run.result()

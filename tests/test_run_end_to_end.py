@@ -17,7 +17,7 @@ from durably import (
     Usage,
     tool,
 )
-from durably.contract import SA_AGENT, SA_AGENT_VERSION, SA_STATUS
+from durably.contract import SA_AGENT, SA_AGENT_VERSION, SA_FINGERPRINT, SA_STATUS
 from durably.messages import AssistantMessage, ModelResponse
 from durably.models import last_tool_results, tool_call
 
@@ -74,7 +74,8 @@ def two_tool_turns() -> AgentRegistration:
 async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes(
     client: DurableClient, runtimes: Runtimes
 ) -> None:
-    await runtimes.start([two_tool_turns()])
+    registration = two_tool_turns()
+    await runtimes.start([registration])
     run = await client.start_run("support", "my vpn and wifi are down")
 
     result = await run.result()
@@ -104,22 +105,29 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
         "support",
         "1",
     )
+    assert sa.get(SA_FINGERPRINT) == registration.fingerprint
     assert await desc.static_summary() == "support: my vpn and wifi are down"
     history = await client.temporal.get_workflow_handle(run.run_id).fetch_history()
-    summaries = [
-        json.loads(e.user_metadata.summary.data)
+    shown = [
+        (
+            e.activity_task_scheduled_event_attributes.activity_id or None,
+            json.loads(e.user_metadata.summary.data)
+            if e.user_metadata.HasField("summary")
+            else None,
+        )
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
         or (e.HasField("marker_recorded_event_attributes") and e.user_metadata.HasField("summary"))
     ]
-    # The pin is a local activity in the run's first workflow task (a marker).
-    assert summaries == [
-        "pin agent support",
-        "model turn 1",
-        "tool search_kb",
-        "model turn 2",
-        "tool search_kb",
-        "model turn 3",
+    # The pin is a local activity in the run's first workflow task (a marker); a model
+    # request's activity id says what it is, a tool call's summary names the tool.
+    assert shown == [
+        (None, "pin agent support"),
+        ("model:1", None),
+        ("tool:1:call_search_kb", "tool search_kb"),
+        ("model:2", None),
+        ("tool:2:c2", "tool search_kb"),
+        ("model:3", None),
     ]
     assert snap.current == "Completed after 3 turn(s)"
     # {run id}/{the chain's first execution run id}/{checkpoint key}

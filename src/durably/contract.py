@@ -18,15 +18,17 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    SerializerFunctionWrapHandler,
     Tag,
     ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from temporalio.common import SearchAttributeKey
 
-from durably.messages import AssistantMessage, Message, ToolCall, Usage
+from durably.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, Usage
 
 __all__ = [
     "ACTIVITY_MODEL",
@@ -171,6 +173,9 @@ class EventType(StrEnum):
     NEEDS_ATTENTION = "needs_attention"
     RUN_FAILED = "run_failed"
     RETRIED = "retried"
+    # A model request failed and will be tried again (`model_retry`): the run is
+    # in `retry_wait` until then.
+    RETRY_WAIT = "retry_wait"
     RESOLVED_JSON = "resolved_json"
     RESOLVED_ERROR = "resolved_error"
     RESOLVED_RERUN = "resolved_rerun"
@@ -202,13 +207,25 @@ CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 SA_STATUS = SearchAttributeKey.for_keyword("DurablyStatus")
 SA_AGENT = SearchAttributeKey.for_keyword("DurablyAgent")
 SA_AGENT_VERSION = SearchAttributeKey.for_keyword("DurablyAgentVersion")
-SEARCH_ATTRIBUTES = (SA_STATUS, SA_AGENT, SA_AGENT_VERSION)
+# The pinned registration's fingerprint, short (see `short_fingerprint`): a
+# starting worker compares it with what it hosts without querying any run.
+SA_FINGERPRINT = SearchAttributeKey.for_keyword("DurablyFingerprint")
+SEARCH_ATTRIBUTES = (SA_STATUS, SA_AGENT, SA_AGENT_VERSION, SA_FINGERPRINT)
 
 Recovery = Literal["manual", "safe", "idempotent"]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def _without_nones(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """`data` without those of `keys` that are None: a reader defaults them, and an
+    activity's input and result are stored in history every turn."""
+    for key in keys:
+        if key in data and data[key] is None:
+            del data[key]
+    return data
 
 
 def operation_id(run_id: str, chain: str | None, key: str) -> str:
@@ -327,6 +344,10 @@ class AgentPin(_Model):
     # A run continues as new once its history holds this many events or bytes.
     continue_as_new_events: int = 10_000
     continue_as_new_bytes: int = 10 * 2**20
+    # A short digest of each part of the fingerprint (`AgentRegistration.
+    # fingerprint_parts`), so a worker whose definition differs can say which
+    # part changed. None in runs pinned before durably recorded them.
+    parts: dict[str, str] | None = None
 
 
 class PinRequest(_Model):
@@ -360,7 +381,15 @@ class ModelCallInput(_Model):
     key: str
     base_length: int
     new: list[Message | MessageRef]
+    # The first 32 hex digits of it (128 bits) in runs under the seed-fidelity patch.
     digest: str
+    # The attempt, from the second on, when the run retries the request itself
+    # (`model_retry`): each attempt is an activity of its own, always Temporal's attempt 1.
+    attempt: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_nones(handler(self), "attempt")
 
 
 class ModelCallResult(_Model):
@@ -374,6 +403,21 @@ class ModelCallResult(_Model):
     message: AssistantMessage
     usage: Usage
     call_errors: dict[str, str] = Field(default_factory=dict)
+
+    @model_serializer(mode="wrap")
+    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Once per turn in history: leave out what every reader defaults (an empty
+        `call_errors`, no `content`, no `raw_arguments`). Only this wrapper is lean; a
+        message's own encoding, which transcript digests hash, is unchanged."""
+        data: dict[str, Any] = handler(self)
+        if not data.get("call_errors"):
+            data.pop("call_errors", None)
+        message = data.get("message")
+        if isinstance(message, dict):
+            _without_nones(message, "content")
+            for call in message.get("tool_calls") or ():
+                _without_nones(call, "raw_arguments")
+        return data
 
 
 class ToolCallInput(_Model):
@@ -390,6 +434,31 @@ class ToolCallInput(_Model):
     key: str
     call: ToolCall
     chain: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = _without_nones(handler(self), "chain")
+        if isinstance(data.get("call"), dict):
+            _without_nones(data["call"], "raw_arguments")
+        return data
+
+
+class LeanToolResult(ToolResultMessage):
+    """A tool call's result as the tool activity returns it: once per turn in history,
+    without what the workflow's `ToolResultMessage` defaults (`role`, `is_error`
+    false). The message's own encoding, which transcript digests hash, is unchanged."""
+
+    @classmethod
+    def of(cls, result: ToolResultMessage) -> LeanToolResult:
+        return cls.model_construct(**dict(result))
+
+    @model_serializer(mode="wrap")
+    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        data.pop("role", None)
+        if data.get("is_error") is False:
+            del data["is_error"]
+        return data
 
 
 class VerifyApprovalRequest(_Model):
@@ -816,6 +885,10 @@ class RunSummary(_Model):
     status: RunStatus | None
     started_at: datetime | None
     closed_at: datetime | None
+    # The pinned registration's fingerprint (the `DurablyFingerprint` search
+    # attribute); None before the run pins, and for runs pinned by a durably
+    # that did not publish it.
+    fingerprint: str | None = None
 
 
 class RunState(_Model):
@@ -858,6 +931,9 @@ class RunState(_Model):
     call_errors: dict[str, str] = Field(default_factory=dict)
     audit: list[RunEvent] = Field(default_factory=list)
     chain: str | None = None
+    # While in `retry_wait`: when the model request's next attempt starts, and its number.
+    next_attempt_at: datetime | None = None
+    attempt: int | None = None
 
 
 RunInput.model_rebuild()

@@ -33,8 +33,10 @@ here for reading beside their users.
 from durably._transcript.cache import DEFAULT_MAX_BYTES, TranscriptCache
 from durably._transcript.digest import (
     EMPTY_DIGEST,
+    SHORT_DIGEST,
     encoded_size,
     extend_digest,
+    proves,
     transcript_digest,
 )
 from durably._transcript.pages import PAGE_BYTES, transcript_page
@@ -54,6 +56,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "EMPTY_DIGEST",
     "PAGE_BYTES",
+    "SHORT_DIGEST",
     "MessageRef",
     "TranscriptArchive",
     "TranscriptCache",
@@ -62,6 +65,7 @@ __all__ = [
     "encoded_size",
     "extend_digest",
     "model_transcript",
+    "proves",
     "rebuild_transcript",
     "restored_transcript",
     "transcript_digest",

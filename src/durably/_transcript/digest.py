@@ -19,10 +19,20 @@ from pydantic import TypeAdapter
 
 from durably.messages import Message
 
-__all__ = ["EMPTY_DIGEST", "encoded_size", "extend_digest", "transcript_digest"]
+__all__ = [
+    "EMPTY_DIGEST",
+    "SHORT_DIGEST",
+    "encoded_size",
+    "extend_digest",
+    "proves",
+    "transcript_digest",
+]
 
 EMPTY_DIGEST = hashlib.sha256(b"durably-transcript-v1").hexdigest()
 _MESSAGE = TypeAdapter[Message](Message)
+# Hex digits of the digest a model request carries (128 bits), in runs under the
+# seed-fidelity patch; earlier runs send all 64.
+SHORT_DIGEST = 32
 
 
 def extend_digest(digest: str, message: Message) -> str:
@@ -43,3 +53,9 @@ def transcript_digest(messages: Sequence[Message]) -> str:
 def encoded_size(message: Message) -> int:
     """The bytes `message` takes in a payload (its JSON, as the digest reads it)."""
     return len(_MESSAGE.dump_json(message, by_alias=True))
+
+
+def proves(digest: str, sent: str) -> bool:
+    """Whether the workflow's `sent` digest (whole, or its first `SHORT_DIGEST` hex
+    digits) is that of the transcript whose full digest is `digest`."""
+    return len(sent) >= SHORT_DIGEST and digest[: len(sent)] == sent

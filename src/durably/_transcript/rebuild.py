@@ -28,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably._transcript.cache import TranscriptCache
-from durably._transcript.digest import extend_digest, transcript_digest
+from durably._transcript.digest import extend_digest, proves, transcript_digest
 from durably.contract import (
     ErrorType,
     Handler,
@@ -98,7 +98,7 @@ async def rebuild_transcript(
     fetched one by one (`fetch_at`); more, or no cached base, fetch all.
     """
     whole = cache.transcript(run_id, base_length + len(new))
-    if whole is not None and whole[1] == expected_digest:
+    if whole is not None and proves(whole[1], expected_digest):
         return whole[0]
     cached = cache.transcript(run_id, base_length)
     if cached is not None:
@@ -116,14 +116,16 @@ async def rebuild_transcript(
                 assert m is not None
                 messages.append(m)
                 digest = extend_digest(digest, m)
-            if digest == expected_digest:
+            if proves(digest, expected_digest):
                 cache.store(run_id, messages, digest)
                 return messages
     messages = await fetch()
     digest = transcript_digest(messages)
-    if digest != expected_digest:
+    if not proves(digest, expected_digest):
         expected = base_length + len(new)
-        if len(messages) > expected and transcript_digest(messages[:expected]) == expected_digest:
+        if len(messages) > expected and proves(
+            transcript_digest(messages[:expected]), expected_digest
+        ):
             # The run moved on while this attempt waited: Temporal already
             # discards its result, so say so rather than retry.
             raise ApplicationError(

@@ -41,6 +41,7 @@ from durably.contract import (
     PIN_DIGEST_PREFIX,
     AgentPin,
     ErrorType,
+    LeanToolResult,
     ModelCallInput,
     ModelCallResult,
     PinRequest,
@@ -201,7 +202,7 @@ class AgentActivities:
             except Exception as exc:
                 # Without model_retry a failed request is final; a crash (timeout) still retries.
                 verdict = classify_model_error(agent.model, exc)
-                _log_failure("model request failed", call.key, exc)
+                _log_failure("model request failed", call.key, exc, attempt=call.attempt)
                 raise ApplicationError(
                     f"model request failed: {type(exc).__name__}: {exc}",
                     type=ErrorType.MODEL_ERROR,
@@ -311,7 +312,7 @@ class AgentActivities:
             "is); its effect may have happened, so check before you resolve or rerun the call",
         )
         self.cache.put_output(run_id, call.key, result)
-        return result
+        return LeanToolResult.of(result)
 
     # -- approvals ----------------------------------------------------------
 
@@ -377,13 +378,15 @@ def _log_refusal(reason: str, agent_id: str, version: str | None) -> None:
     )
 
 
-def _log_failure(what: str, key: str, exc: BaseException) -> None:
+def _log_failure(what: str, key: str, exc: BaseException, *, attempt: int | None = None) -> None:
     """The worker's log gets the story (history gets only the message): one line, and
     the traceback at debug level (stdlib logging: skipped cheaply unless enabled, and
     never rendered with its frames' local variables)."""
     info = activity.info()
     error = f"{type(exc).__name__}: {exc}"[:500]
-    _log.warning(what, run_id=info.workflow_id, operation=key, attempt=info.attempt, error=error)
+    # A model request the run retries itself says which attempt it is (Temporal's is 1).
+    attempt = attempt or info.attempt
+    _log.warning(what, run_id=info.workflow_id, operation=key, attempt=attempt, error=error)
     _tracebacks.debug("%s (%s of run %s)", what, key, info.workflow_id, exc_info=exc)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -19,15 +19,19 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durably._search_attributes import setup_command
 from durably._text import md_text, printable
+from durably.agents import AgentRegistration
 from durably.client._connect import connect_temporal, with_pydantic
 from durably.client._handle import RunHandle, temporal_error, too_large
+from durably.client._versions import NeededVersion, needed_versions
 from durably.contract import (
     DEFAULT_TASK_QUEUE,
     MAX_NAME_CHARS,
     MAX_RUN_INPUT_BYTES,
     SA_AGENT,
     SA_AGENT_VERSION,
+    SA_FINGERPRINT,
     SA_STATUS,
     WORKFLOW_TYPE,
     InboxItem,
@@ -42,7 +46,9 @@ from durably.errors import (
     DurablyError,
     InvalidRunInputError,
     RunNotFoundError,
+    SearchAttributesMissingError,
 )
+from durably.registry import AgentRegistry
 
 __all__ = ["DurableClient"]
 
@@ -53,10 +59,11 @@ _FINISHED = [s.value for s in RunStatus if not s.unfinished]
 # The search-attribute statuses that wait for a person, and the inbox kind a
 # run in them shows as when its snapshot cannot be read. (A retry wait is not
 # among them: Temporal holds the backoff, the attribute stays `running`.)
-_INBOX: dict[RunStatus, Literal["approval", "blocked", "failed"]] = {
+_INBOX: dict[RunStatus, Literal["approval", "blocked", "failed", "retry_wait"]] = {
     RunStatus.WAITING: "approval",
     RunStatus.NEEDS_ATTENTION: "blocked",
     RunStatus.FAILED: "failed",
+    RunStatus.RETRY_WAIT: "retry_wait",
 }
 
 
@@ -125,12 +132,11 @@ class DurableClient:
         """What a refused start means: missing search attributes, an input too large, …"""
         message = err.message.lower()
         if err.status == RPCStatusCode.INVALID_ARGUMENT and "search attribute" in message:
-            return DurablyError(
-                "the Temporal namespace lacks durably's search attributes. Register them: "
-                "`temporal operator search-attribute create --name DurablyStatus "
-                "--type Keyword --name DurablyAgent --type Keyword "
-                "--name DurablyAgentVersion --type Keyword` "
-                f"(server said: {err.message})"
+            return SearchAttributesMissingError(
+                f"namespace {self.temporal.namespace!r} lacks durably's search attributes; "
+                f"nothing was started. Register them with `{setup_command(self.temporal)}` "
+                "(connecting as this client does, e.g. with the same --profile; on Temporal "
+                f"Cloud it prints the tcld or Cloud UI steps). Server said: {err.message}"
             )
         if too_large(err):
             return InvalidRunInputError(
@@ -159,20 +165,16 @@ class DurableClient:
         """Everything that waits for a person, across all runs, oldest first.
 
         Pending approvals and questions, blocked operations, failed runs and
-        retry waits: found through visibility, described by each run's
-        snapshot. `task_queue` keeps to the runs of one deployment.
+        retry waits: found through visibility (`DurablyStatus`) alone, described
+        by each run's snapshot. `task_queue` keeps to the runs of one deployment.
+        (A run started before durably published `retry_wait` waits out its
+        model backoff as `running`: it is not listed.)
         """
-        # Running runs are read too, for retry waits, but apart: however many
-        # runs are running, they never crowd a parked run out of `limit`.
         # Only open workflows: a run Temporal closed (terminated, timed out)
         # keeps its last status attribute but waits for no one.
-        parked, running = await asyncio.gather(
-            self._list(_query(status=list(_INBOX), task_queue=task_queue, open_only=True), limit),
-            self._list(
-                _query(status=RunStatus.RUNNING, task_queue=task_queue, open_only=True), limit
-            ),
+        runs = await self._list(
+            _query(status=list(_INBOX), task_queue=task_queue, open_only=True), limit
         )
-        runs = parked + running
         gate = asyncio.Semaphore(16)
 
         async def describe(run: RunSummary) -> list[InboxItem]:
@@ -205,6 +207,24 @@ class DurableClient:
         )
         return await self._list(query, limit)
 
+    async def needed_versions(
+        self, registrations: AgentRegistry | Iterable[AgentRegistration] | None = None
+    ) -> list[NeededVersion]:
+        """The `(agent, version, fingerprint)` triples this task queue's unfinished runs
+        pinned, with how many runs and one run id each; checked against `registrations`
+        (this worker's) when given.
+
+        Read from visibility (the `DurablyFingerprint` search attribute), never by
+        querying a run, so it answers with no worker running; which parts of a
+        differing definition changed comes from one run's history per triple.
+        Runs pinned by a durably that did not publish the fingerprint are
+        `fingerprint_unknown`. `DurableRuntime` runs this check when it starts.
+
+        .. versionadded:: Unreleased
+        """
+        query = _query(task_queue=self.task_queue, open_only=True)
+        return await needed_versions(self.temporal, query, registrations)
+
     async def _list(self, query: str, limit: int | None) -> list[RunSummary]:
         try:
             return [_summary(e) async for e in self.temporal.list_workflows(query, limit=limit)]
@@ -220,10 +240,17 @@ def _query(
     task_queue: str | None = None,
     open_only: bool = False,
 ) -> str:
-    """The visibility query for durably's runs that match every argument given."""
+    """The visibility query for durably's runs that match every argument given.
+
+    A run that continued as new keeps its last `DurablyStatus`, but its chain goes
+    on in the newest run, which is the one listed; unfinished runs are open ones
+    (a run Temporal terminated keeps its status too, and is over).
+    """
     clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
-    if open_only:
+    if open_only or unfinished is True:
         clauses.append("ExecutionStatus = 'Running'")
+    else:
+        clauses.append("ExecutionStatus != 'ContinuedAsNew'")
     if task_queue is not None:
         clauses.append(f"TaskQueue = {_quote(task_queue)}")
     if isinstance(status, str):
@@ -366,6 +393,7 @@ def _summary(e: WorkflowExecution) -> RunSummary:
         status=RunStatus(status) if status in set(RunStatus) else None,
         started_at=e.start_time,
         closed_at=e.close_time if isinstance(e.close_time, datetime) else None,
+        fingerprint=sa.get(SA_FINGERPRINT),
     )
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "describe",
     "failure_details",
     "model_request",
+    "next_attempt_in",
     "pin_agent",
     "restore_page",
     "tool_call",
@@ -73,18 +74,44 @@ async def pin_agent(request: PinRequest) -> AgentPin:
     return pin
 
 
-async def model_request(pin: AgentPin, request: ModelCallInput, turn: int) -> ModelCallResult:
+async def model_request(
+    pin: AgentPin,
+    request: ModelCallInput,
+    turn: int,
+    *,
+    one_attempt: bool = False,
+    summary: bool = True,
+) -> ModelCallResult:
+    """A model request, retried by Temporal; or (`one_attempt`) a single attempt, which
+    the workflow retries itself after a durable timer (see `next_attempt_in`). Without
+    `summary` its activity id (`model:N`) says what it is, at no cost in history."""
     retry = pin.model_retry or RetrySpec(max_attempts=_MODEL_CRASH_ATTEMPTS)
     return await _execute(
         ACTIVITY_MODEL,
         request,
         ModelCallResult,
         key=request.key,
-        summary=f"model turn {turn}",
+        summary=f"model turn {turn}" if summary else None,
         start_to_close_s=pin.model_start_to_close_s,
         heartbeat_s=pin.model_heartbeat_timeout_s,
-        retry=_retry_policy(retry),
+        retry=RetryPolicy(maximum_attempts=1) if one_attempt else _retry_policy(retry),
     )
+
+
+def next_attempt_in(err: FailureError, spec: RetrySpec, attempt: int) -> timedelta | None:
+    """How long after failed attempt `attempt` the next one starts, as Temporal's own
+    retry would wait (`initial * 2^(attempt-1)`, capped; a provider's `Retry-After`
+    wins); None when there is none: the error says not to retry, or the attempts are
+    used up. A crash (a timeout) counts as an attempt, as it does for Temporal."""
+    cause = _cause(err)
+    if isinstance(cause, ApplicationError) and cause.non_retryable:
+        return None
+    if attempt >= spec.max_attempts:
+        return None
+    if isinstance(cause, ApplicationError) and cause.next_retry_delay is not None:
+        return cause.next_retry_delay
+    delay_ms = min(spec.initial_delay_ms * 2 ** (attempt - 1), spec.max_delay_ms)
+    return timedelta(milliseconds=delay_ms)
 
 
 async def tool_call(pin: AgentPin, request: ToolCallInput) -> ToolResultMessage:
@@ -148,7 +175,7 @@ async def _execute(
     result_type: type[R],
     *,
     key: str,
-    summary: str,
+    summary: str | None,
     start_to_close_s: float,
     heartbeat_s: float,
     retry: RetryPolicy,

@@ -19,13 +19,18 @@ running                 failed               an operation failed for good, no tu
                                              (`park`), the transcript is lost
                                              (`lose_transcript`)
 needs_attention/failed  running              an operator decided (`decided`)
+running                 retry_wait           a model request failed and `model_retry`
+                                             allows another attempt (`wait_to_retry`)
+retry_wait              running              the backoff is over (`retry_due`)
 running                 completed            a final answer (`complete`)
 any unfinished          cancelled            the run was cancelled (`cancel`)
 ======================  ===================  ==========================================
 
 A run whose start input was refused starts `failed` (`_run_input.initial_state`;
-`refuse_input` records why). `retry_wait` is not a state of the workflow's: the
-client derives it from the model activity's pending retry (`RunHandle.snapshot`).
+`refuse_input` records why). Under `model_retry`, a run whose model request failed
+waits out the backoff in `retry_wait` (`wait_to_retry`, then `retry_due`); in runs
+started before the seed-fidelity patch Temporal retried the request itself, and the
+client derives `retry_wait` from the pending activity (`RunHandle.snapshot`).
 
 A turn holds a set of operations: `next_step` hands out every call of the
 latest model answer that has no result yet.
@@ -39,7 +44,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from durably._digests import args_digest, policy_digest
-from durably._transcript import extend_digest
+from durably._transcript import SHORT_DIGEST, extend_digest
 from durably.contract import (
     PIN_DIGEST_PREFIX,
     AgentPin,
@@ -166,15 +171,23 @@ class RunMachine:
 
     `clock` gives the time events are stamped with (the workflow's clock);
     `hardened` is whether the run is under the hardening patch, which
-    changes what some decisions do (see `agent_run.PATCH_HARDENED`).
+    changes what some decisions do (see `agent_run.PATCH_HARDENED`); `lean`,
+    under the seed-fidelity patch, sends model requests a 128-bit digest.
     """
 
     def __init__(
-        self, state: RunState, *, run_id: str, hardened: bool, clock: Callable[[], datetime]
+        self,
+        state: RunState,
+        *,
+        run_id: str,
+        hardened: bool,
+        clock: Callable[[], datetime],
+        lean: bool = False,
     ) -> None:
         self.s = state
         self.run_id = run_id
         self.hardened = hardened
+        self.lean = lean
         self._clock = clock
         # What an operator decided for the parked operation, until the run applies it.
         self.decision: Decision | None = None
@@ -214,7 +227,7 @@ class RunMachine:
             key=str(step.key),
             base_length=self.s.sent_length,
             new=self.unsent(),
-            digest=self.s.digest,
+            digest=self.s.digest[:SHORT_DIGEST] if self.lean else self.s.digest,
         )
 
     def tool_input(self, key: OperationKey, call: ToolCall) -> ToolCallInput:
@@ -341,6 +354,28 @@ class RunMachine:
             f"{len(calls)} tool call(s)" if calls else "final answer",
         )
         return not calls
+
+    def wait_to_retry(self, key: OperationKey, error: str, attempt: int, at: datetime) -> None:
+        """A model request failed; attempt `attempt` starts at `at`. Until then the run is
+        `retry_wait`, which an operator finds in visibility like any other status."""
+        s = self.s
+        s.status = RunStatus.RETRY_WAIT
+        s.error = error
+        s.attempt = attempt
+        s.next_attempt_at = at
+        self.event(
+            EventType.RETRY_WAIT,
+            str(key),
+            f"attempt {attempt} at {at:%Y-%m-%d %H:%M:%S} UTC after: {error}",
+        )
+
+    def retry_due(self) -> None:
+        """The backoff is over: the run is running its model request again."""
+        s = self.s
+        s.status = RunStatus.RUNNING
+        s.error = None
+        s.attempt = None
+        s.next_attempt_at = None
 
     def reject_call(self, key: OperationKey, call: ToolCall) -> bool:
         """Commit the error result of a call the model answer already made invalid."""

@@ -23,6 +23,7 @@ __all__ = [
     "attention_details",
     "failed_details",
     "refused_details",
+    "retry_wait_details",
     "status_details",
     "waiting_details",
 ]
@@ -41,11 +42,23 @@ def status_details(run_id: str, s: RunState) -> str | None:
         return failed_details(run_id, s.error or "", s.retryable)
     if s.status == RunStatus.WAITING and s.interaction is not None:
         return waiting_details(run_id, s.interaction)
+    if s.status == RunStatus.RETRY_WAIT:
+        return retry_wait_details(run_id, s)
     if s.status == RunStatus.COMPLETED:
         return f"Completed after {s.turns} turn(s)"
     if s.status == RunStatus.CANCELLED:
         return "Cancelled"
     return None
+
+
+def retry_wait_details(run_id: str, s: RunState) -> str:
+    """A model request waiting out its backoff: when it runs again, and why."""
+    at = f"{s.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC" if s.next_attempt_at else "soon"
+    return (
+        f"**Retrying the model request at {at}** (attempt {s.attempt}, `model_retry`) "
+        f"after: {md_text(s.error or 'an error')}\n\n"
+        f"Nothing to do; `durably cancel` {md_code(run_id)} stops it."
+    )
 
 
 def waiting_details(run_id: str, interaction: Interaction) -> str:

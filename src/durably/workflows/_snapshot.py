@@ -67,6 +67,8 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
         usage=s.usage,
         events=_merged(s.events, s.audit),
         error=s.error,
+        next_attempt_at=s.next_attempt_at,
+        attempt=s.attempt,
         current=current,
     )
 

@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.contract import (
         SA_AGENT,
         SA_AGENT_VERSION,
+        SA_FINGERPRINT,
         SA_STATUS,
         SEARCH_ATTRIBUTES,
         WORKFLOW_TYPE,
@@ -90,6 +91,7 @@ with workflow.unsafe.imports_passed_through():
         describe,
         failure_details,
         model_request,
+        next_attempt_in,
         pin_agent,
         restore_page,
         tool_call,
@@ -111,7 +113,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.workflows._snapshot import build_snapshot
     from durably.workflows._validation import Rejected, parse_request, rejection, short
 
-__all__ = ["PATCHES", "PATCH_HARDENED", "AgentRunWorkflow"]
+__all__ = ["PATCHES", "PATCH_HARDENED", "PATCH_SEED_FIDELITY", "AgentRunWorkflow"]
 
 
 # What changed since 0.1.0: outside input is bounded and checked (start input,
@@ -120,8 +122,13 @@ __all__ = ["PATCHES", "PATCH_HARDENED", "AgentRunWorkflow"]
 # waiting run continues as new when its history nears the limit; signed
 # approvals are verified.
 PATCH_HARDENED = "durably-harden-outside-input"
+# What changed next: under `model_retry` the run waits out a model request's
+# backoff in a durable timer, as `retry_wait` in `DurablyStatus`, and schedules each
+# attempt itself; the pinned fingerprint is published (`DurablyFingerprint`); model
+# requests carry no summary and a shorter transcript digest.
+PATCH_SEED_FIDELITY = "durably-seed-fidelity"
 # Every patch since 0.1.0, oldest first.
-PATCHES: tuple[str, ...] = (PATCH_HARDENED,)
+PATCHES: tuple[str, ...] = (PATCH_HARDENED, PATCH_SEED_FIDELITY)
 
 T = TypeVar("T")
 # What a failed operation may raise: an activity's error, or a local activity's own.
@@ -138,9 +145,16 @@ class AgentRunWorkflow:
         info = workflow.info()
         # First, before any command: every later decision depends on it.
         self._hardened = workflow.patched(PATCH_HARDENED)
+        self._faithful = workflow.patched(PATCH_SEED_FIDELITY)
         state, self._input_problem = initial_state(payload, info, hardened=self._hardened)
         self._run_id = info.workflow_id
-        self._m = RunMachine(state, run_id=self._run_id, hardened=self._hardened, clock=self._clock)
+        self._m = RunMachine(
+            state,
+            run_id=self._run_id,
+            hardened=self._hardened,
+            lean=self._faithful,
+            clock=self._clock,
+        )
         self._published = {sa.name: _start_value(sa) for sa in SEARCH_ATTRIBUTES}
         # History this run spent copying its predecessor's transcript in: not
         # counted toward continuing as new again.
@@ -244,14 +258,48 @@ class AgentRunWorkflow:
         return await pin_agent(PinRequest(agent_id=s.agent_id, version=s.requested_version))
 
     async def _model(self, step: RequestModel) -> ModelCallResult:
+        """The turn's model request. Under `model_retry` (and the seed-fidelity patch)
+        the run schedules each attempt itself and waits out the backoff visibly."""
         m = self._m
         request = m.model_input(step)
-        workflow.set_current_details(
-            f"Waiting for the model (turn {step.turn} of {m.pin.max_turns})"
-        )
-        result = await model_request(m.pin, request, step.turn)
-        m.sent()
-        return result
+        retry = m.pin.model_retry if self._faithful else None
+        while True:
+            workflow.set_current_details(
+                f"Waiting for the model (turn {step.turn} of {m.pin.max_turns})"
+            )
+            try:
+                result = await model_request(
+                    m.pin,
+                    request,
+                    step.turn,
+                    one_attempt=retry is not None,
+                    summary=not self._faithful,
+                )
+            except ActivityError as err:
+                attempt = request.attempt or 1
+                if retry is None or is_cancelled_exception(err):
+                    raise
+                delay = next_attempt_in(err, retry, attempt)
+                if delay is None:
+                    raise
+                request = request.model_copy(update={"attempt": attempt + 1})
+                await self._retry_wait(step.key, describe(err), attempt + 1, delay)
+            else:
+                m.sent()
+                return result
+
+    async def _retry_wait(
+        self, key: OperationKey, error: str, attempt: int, delay: timedelta
+    ) -> None:
+        """Wait out a model request's backoff in a durable timer, `retry_wait` meanwhile:
+        the Web UI's `DurablyStatus` filter and the inbox find it, and a server restart
+        keeps both the timer and the status."""
+        m = self._m
+        m.wait_to_retry(key, error, attempt, workflow.now() + delay)
+        self._publish()
+        await workflow.sleep(delay, summary=f"model retry backoff {key} (attempt {attempt})")
+        m.retry_due()
+        self._publish()
 
     async def _tool(self, key: OperationKey, call: ToolCall) -> tuple[ToolResultMessage, bool]:
         m = self._m
@@ -559,6 +607,7 @@ class AgentRunWorkflow:
             SA_STATUS.name: s.status.value,
             SA_AGENT.name: s.agent_id or None,
             SA_AGENT_VERSION.name: s.pin.version if s.pin else None,
+            SA_FINGERPRINT.name: s.pin.fingerprint if s.pin and self._faithful else None,
         }
         updates: list[SearchAttributeUpdate[str]] = []
         for sa in SEARCH_ATTRIBUTES:
