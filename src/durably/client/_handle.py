@@ -9,14 +9,15 @@ pydantic's `ValidationError` never escape as they are.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 from datetime import UTC, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -24,6 +25,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
+from temporalio.converter import PayloadConverter
 from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
@@ -92,6 +94,30 @@ _CLOSED = {
     WorkflowExecutionStatus.FAILED: "failed (its Temporal workflow failed)",
     WorkflowExecutionStatus.CONTINUED_AS_NEW: "closed (continued as new, no newer run open)",
 }
+# The events that close a Temporal run, by the name of their attributes field.
+_CLOSE_EVENTS = frozenset(
+    {
+        "workflow_execution_completed_event_attributes",
+        "workflow_execution_failed_event_attributes",
+        "workflow_execution_canceled_event_attributes",
+        "workflow_execution_terminated_event_attributes",
+        "workflow_execution_timed_out_event_attributes",
+        "workflow_execution_continued_as_new_event_attributes",
+    }
+)
+# Those that may name a next run of the chain (`new_execution_run_id`).
+_FOLLOWED = _CLOSE_EVENTS - {
+    "workflow_execution_canceled_event_attributes",
+    "workflow_execution_terminated_event_attributes",
+}
+# How long `result()` waits before it first reads a run's history for a failure,
+# and at most between two reads (each pause doubles): every event ends a history
+# long poll, and a busy run writes dozens a second. A page of at least
+# `_CATCH_UP` events may have more behind it (the server pages a long history,
+# 512 events a page on the dev server), so the next one is read at once.
+_FIRST_READ = 1.0
+_SLOWEST_READ = 5.0
+_CATCH_UP = 100
 
 
 class RunHandle:
@@ -159,34 +185,40 @@ class RunHandle:
                 )
         return snapshot
 
-    async def result(self, *, poll_interval: float = 0.5) -> RunResult:
+    async def result(self, *, poll_interval: float | None = None) -> RunResult:
         """Wait until the run completes; raise if it fails or is cancelled.
 
-        A failed run stays open for `retry()`, so failure is read from the
-        snapshot while completion is long-polled from Temporal. Waiting never
-        answers or approves anything.
+        Returns at `completed`; raises `RunFailedError` at `failed` (the run
+        stays open for `retry()`), `RunCancelledError` when it is cancelled and
+        `RunClosedError` when Temporal closes it (terminated, timed out). It
+        keeps waiting through `waiting`, `retry_wait` and `needs_attention`,
+        follows continue-as-new to the newest run, and never answers or
+        approves anything.
+
+        Nothing is polled: the run's end comes from Temporal's own
+        `handle.result()` (a long poll for the close event), and a failure,
+        which leaves the run open, from a second history long poll that reads
+        the `DurablyStatus` the run publishes. A busy run's history is read at
+        most once a second at first, then less often (every 5 s at most), so
+        `failed` is noticed within that; a run that waits costs nothing.
+
+        `poll_interval` is ignored; it is kept so that calls passing it still work.
+
+        .. versionchanged:: Unreleased
+           History long polls instead of describing the run every `poll_interval`.
         """
+        del poll_interval
         closed = asyncio.create_task(self._closed_result())
+        watching = asyncio.create_task(self._failure())
         try:
-            while True:
-                done, _ = await asyncio.wait({closed}, timeout=poll_interval)
-                if done:
-                    return closed.result()
-                # The search attribute, not a query: describing a run needs no
-                # worker and is not a billable action.
-                with contextlib.suppress(RPCError):
-                    described = await self._handle.describe(rpc_timeout=_QUERY_TIMEOUT)
-                    # A closed run's end comes from `closed` (a refused input is closed
-                    # as failed, with nothing to retry).
-                    still_open = described.status == WorkflowExecutionStatus.RUNNING
-                    if still_open and described.typed_search_attributes.get(SA_STATUS) == "failed":
-                        snap = await self.snapshot()
-                        if snap.status == RunStatus.FAILED:
-                            raise RunFailedError(self.run_id, snap.error or "unknown error")
+            await asyncio.wait({closed, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if watching.done() and not closed.done():
+                watching.result()  # RunFailedError; or it saw the run close
+            return await closed
         finally:
-            closed.cancel()
-            with contextlib.suppress(BaseException):
-                await closed
+            for task in (closed, watching):
+                task.cancel()
+            await asyncio.gather(closed, watching, return_exceptions=True)
 
     async def _closed_result(self) -> RunResult:
         try:
@@ -210,6 +242,68 @@ class RunHandle:
                 raise self._not_found() from err
             raise temporal_error(err, self._client, f"the result of run {self.run_id!r}") from err
         return result
+
+    async def _failure(self) -> None:
+        """Raise `RunFailedError` once the run parks as failed; return if its chain closes.
+
+        Reads the history of the newest run of the chain as it grows (following
+        continue-as-new), pausing between reads once caught up so that a busy
+        run, whose every event would end a long poll, is read seldom. A
+        `failed` status the run publishes is confirmed by its snapshot (which
+        also gives the error): the run may have been retried since.
+        """
+        temporal_run: str | None = None  # None: the newest run of the chain
+        token: bytes | None = None
+        # The event that published a `failed` status still to be confirmed
+        # (None: the newest status published is not `failed`).
+        unconfirmed: tuple[str | None, int] | None = None
+        pause = _FIRST_READ
+        events: list[HistoryEvent] = []
+        while True:
+            if len(events) < _CATCH_UP:
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, _SLOWEST_READ)
+            events, token = await self._history_page(temporal_run, token)
+            for event in events:
+                published = _published_status(event)
+                if published is not None:
+                    failed = published == RunStatus.FAILED
+                    unconfirmed = (temporal_run, event.event_id) if failed else None
+                elif event.WhichOneof("attributes") in _CLOSE_EVENTS:
+                    temporal_run = _next_run(event)
+                    if temporal_run is None:
+                        return  # the chain closed: its close event tells the rest
+                    token, unconfirmed = None, None
+                    break
+            if unconfirmed is None or token is None:
+                continue
+            try:
+                snap = await self.snapshot()
+            except RPCError:  # no worker answered (it is down, say): ask at the next read
+                continue
+            if snap.status == RunStatus.FAILED:
+                raise RunFailedError(self.run_id, snap.error or "unknown error")
+            unconfirmed = None  # retried already: what it publishes next is in the history
+
+    async def _history_page(
+        self, temporal_run: str | None, token: bytes | None
+    ) -> tuple[list[HistoryEvent], bytes | None]:
+        """The run's events after `token`, once there are any (a long poll).
+
+        `temporal_run` names one run of the chain (None: the newest); an empty
+        page comes back when the server's long poll expires.
+        """
+        handle = self._client.get_workflow_handle(self.run_id, run_id=temporal_run)
+        page = handle.fetch_history_events(
+            next_page_token=token, wait_new_event=True, skip_archival=True
+        )
+        try:
+            await page.fetch_next_page()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise self._not_found() from err
+            raise temporal_error(err, self._client, f"the result of run {self.run_id!r}") from err
+        return list(page.current_page or ()), page.next_page_token or token
 
     async def pending(self) -> list[Interaction]:
         """The approvals and questions the run waits on, oldest first (none: an empty list).
@@ -524,6 +618,39 @@ def too_large(err: RPCError) -> bool:
     return (err.status == RPCStatusCode.INVALID_ARGUMENT and "size exceeds" in message) or (
         err.status == RPCStatusCode.RESOURCE_EXHAUSTED and "larger than max" in message
     )
+
+
+def _published_status(event: HistoryEvent) -> str | None:
+    """The `DurablyStatus` a run's start or search-attribute upsert sets, if it sets one."""
+    if event.HasField("upsert_workflow_search_attributes_event_attributes"):
+        fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes
+    elif event.HasField("workflow_execution_started_event_attributes"):
+        fields = event.workflow_execution_started_event_attributes.search_attributes
+    else:
+        return None
+    payload = fields.indexed_fields.get(SA_STATUS.name)
+    return _keyword(payload) if payload is not None else None
+
+
+def _keyword(payload: Payload) -> str | None:
+    """A keyword search attribute's value (the payload holds it alone or in a list)."""
+    try:
+        value = PayloadConverter.default.from_payload(payload)
+    except Exception:  # not JSON (Temporal validates it, but a value is never worth a crash)
+        return None
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, str) else None
+
+
+def _next_run(event: HistoryEvent) -> str | None:
+    """The run that continues the chain after the close event `event`, if any
+    (continue-as-new; a cron schedule or Temporal's own workflow retry too)."""
+    kind = event.WhichOneof("attributes")
+    if kind not in _FOLLOWED:
+        return None  # cancelled and terminated runs end their chain
+    next_run: str = getattr(event, kind).new_execution_run_id
+    return next_run or None
 
 
 def _after_close(how: str) -> str:
