@@ -156,6 +156,84 @@ class TestModelRetry:
         assert 6.5 <= waited <= 12, waited
 
 
+class TestRetryWait:
+    """The run's own wait between model attempts (the seed-fidelity patch)."""
+
+    async def test_cancelling_a_run_in_retry_wait_ends_it_with_no_attempt_pending(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        attempts: list[tuple[int, float]] = []
+        agent = Agent(id="flaky", model=flaky_model(1, attempts), instructions="")
+        retry = ModelRetry(max_attempts=2, initial_delay_ms=60_000, max_delay_ms=60_000)
+        await runtimes.start([AgentRegistration(agent, version="1", model_retry=retry)])
+        run = await client.start_run("flaky", "hello")
+        await wait_for_status(run, RunStatus.RETRY_WAIT)
+
+        with pytest.raises(DurableConflictError, match="waiting to retry its model request"):
+            await run.retry()
+        await run.cancel()
+
+        snap = await run.snapshot()
+        assert snap.status == RunStatus.CANCELLED
+        assert (snap.next_attempt_at, snap.attempt) == (None, None)
+        assert len(attempts) == 1
+
+    async def test_attempts_used_up_fail_the_run_and_retry_starts_them_again(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        attempts: list[tuple[int, float]] = []
+        agent = Agent(id="flaky", model=flaky_model(3, attempts), instructions="")
+        retry = ModelRetry(max_attempts=2, initial_delay_ms=10, max_delay_ms=10)
+        await runtimes.start([AgentRegistration(agent, version="1", model_retry=retry)])
+        run = await client.start_run("flaky", "hello")
+
+        failed = await wait_for_status(run, RunStatus.FAILED)
+        assert len(attempts) == 2 and "upstream reset" in (failed.error or "")
+        await run.retry()  # two fresh attempts: the third call fails, the fourth answers
+
+        assert (await run.result()).output == "answered on attempt 4"
+
+    async def test_a_retry_after_in_the_past_waits_the_policys_backoff(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """A classifier may compute Retry-After from a date already gone: never a stuck run."""
+        attempts: list[tuple[int, float]] = []
+        model = flaky_model(1, attempts)
+        model = FunctionModel(
+            model._fn,  # type: ignore[arg-type]
+            name="past-date",
+            classify_error=lambda error: ModelErrorVerdict(True, timedelta(seconds=-5)),
+        )
+        retry = ModelRetry(max_attempts=2, initial_delay_ms=10, max_delay_ms=10)
+        agent = Agent(id="flaky", model=model, instructions="")
+        await runtimes.start([AgentRegistration(agent, version="1", model_retry=retry)])
+        run = await client.start_run("flaky", "hello")
+
+        assert (await asyncio.wait_for(run.result(), 30)).output == "answered on attempt 2"
+
+    async def test_a_long_retry_wait_continues_as_new_and_keeps_counting(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Each failed attempt adds a dozen events: with many attempts the run continues
+        as new between them, and the attempts go on where they were."""
+        attempts: list[tuple[int, float]] = []
+        agent = Agent(id="flaky", model=flaky_model(9, attempts), instructions="")
+        retry = ModelRetry(max_attempts=9, initial_delay_ms=10, max_delay_ms=10)
+        registration = AgentRegistration(
+            agent, version="1", model_retry=retry, continue_as_new_events=40
+        )
+        await runtimes.start([registration])
+        run = await client.start_run("flaky", "hello")
+
+        await wait_for_status(run, RunStatus.FAILED)  # after exactly max_attempts, not more
+        assert len(attempts) == 9
+        chain = [w async for w in client.temporal.list_workflows(f"WorkflowId = '{run.run_id}'")]
+        assert len(chain) >= 2, "the run never continued as new"
+        await run.retry()
+        assert (await run.result()).output == "answered on attempt 10"
+        await record_history(client, run.run_id, "completed_after_continuing_while_retrying")
+
+
 async def test_a_retry_wait_survives_a_dev_server_restart(dev_server: DevServer) -> None:
     attempts: list[tuple[int, float]] = []
     agent = Agent(id="flaky", model=flaky_model(1, attempts), instructions="")

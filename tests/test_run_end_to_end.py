@@ -105,7 +105,7 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
         "support",
         "1",
     )
-    assert sa.get(SA_FINGERPRINT) == registration.fingerprint
+    assert sa.get(SA_FINGERPRINT) == registration.pin_check
     assert await desc.static_summary() == "support: my vpn and wifi are down"
     history = await client.temporal.get_workflow_handle(run.run_id).fetch_history()
     shown = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from durably import (
     RunHandle,
     RunStatus,
     ScriptedModel,
+    ToolRetry,
     VersionDriftError,
     tool,
 )
@@ -95,7 +97,19 @@ class TestFingerprintParts:
             "tool refund output schema",
             "tool refund approval",
         }
-        assert ORIGINAL.pin().parts == dict(ORIGINAL.fingerprint_parts)
+        assert ORIGINAL.pin().parts == dict(ORIGINAL.pinned_parts)
+
+    def test_a_tool_retry_edit_changes_what_runs_check_though_not_the_fingerprint(
+        self,
+    ) -> None:
+        """Activities refuse a run whose policies differ (its `pin_check`), `tool_retry`
+        included: the drift check compares that, and names the part."""
+        retried = AgentRegistration(
+            ORIGINAL.agent, version="1", tool_retry=ToolRetry(initial_delay_ms=2000)
+        )
+        assert retried.fingerprint == ORIGINAL.fingerprint
+        assert retried.pin_check != ORIGINAL.pin_check
+        assert changed_parts(ORIGINAL.pinned_parts, retried.pinned_parts) == ("tool_retry",)
 
     def test_other_edits_name_their_own_part(self) -> None:
         rude = refunder(instructions="Refund rudely.")
@@ -136,7 +150,7 @@ async def left_waiting(
 
     async def published() -> bool:
         needed = await client.needed_versions()
-        return [(n.fingerprint, n.runs) for n in needed] == [(registration.fingerprint, 1)]
+        return [(n.fingerprint, n.runs) for n in needed] == [(registration.pin_check, 1)]
 
     await eventually(published)
     return run
@@ -153,11 +167,11 @@ class TestDrift:
         assert needed == NeededVersion(
             agent_id="refunder",
             version="1",
-            fingerprint=ORIGINAL.fingerprint,
+            fingerprint=ORIGINAL.pin_check,
             runs=1,
             example_run_id=run.run_id,
             check="differs",
-            hosted_fingerprint=EDITED.fingerprint,
+            hosted_fingerprint=EDITED.pin_check,
             changed=("tool refund description",),
         )
         assert not needed.ok
@@ -192,15 +206,20 @@ class TestDrift:
 
         with capture_logs() as logged:
             async with await DurableRuntime.open(client=client, agents=[EDITED]) as rt:
-                await rt.resume()
+                await rt.resume()  # the check runs beside polling: wait for what it logs
+
+                async def warned() -> bool:
+                    return any(e.get("agent") == "refunder" for e in logged)
+
+                await eventually(warned)
         (warning,) = [e for e in logged if e.get("agent") == "refunder"]
         assert warning["log_level"] == "warning"
         assert "registration differs from what unfinished runs pinned" in warning["event"]
         assert warning["version"] == "1"
         assert warning["runs"] == 1
         assert warning["changed"] == ["tool refund description"]
-        assert warning["pinned_fingerprint"] == ORIGINAL.fingerprint
-        assert warning["hosted_fingerprint"] == EDITED.fingerprint
+        assert warning["pinned_fingerprint"] == ORIGINAL.pin_check
+        assert warning["hosted_fingerprint"] == EDITED.pin_check
 
         strict = await DurableRuntime.open(client=client, agents=[EDITED], strict_versions=True)
         with pytest.raises(VersionDriftError, match="refusing to start") as refused:
@@ -223,7 +242,7 @@ class TestDrift:
         assert row.split()[:7] == [
             "refunder",
             "1",
-            ORIGINAL.fingerprint,
+            ORIGINAL.pin_digest,
             "1",
             run.run_id,
             "differs",
@@ -232,7 +251,13 @@ class TestDrift:
         assert row.endswith("tool refund description")
 
         runs = await durably(env, client, "runs", "list")
-        assert ORIGINAL.fingerprint[:8] in runs.stdout
+        assert ORIGINAL.pin_digest[:8] in runs.stdout
+
+        hosted = await durably(env, client, "versions", "--agents", AGENTS, "--json")
+        assert hosted.returncode == 0, hosted.stderr
+        assert {"agent_id": "refunder", "version": "1", "fingerprint": EDITED.pin_check} in (
+            json.loads(hosted.stdout)
+        )
 
 
 class TestWithoutFingerprint:

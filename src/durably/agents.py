@@ -13,7 +13,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, get_args
 
@@ -21,6 +21,7 @@ from durably._digests import policy_digest
 from durably.contract import (
     CONTROL_CHARACTERS,
     MAX_NAME_CHARS,
+    PIN_DIGEST_PREFIX,
     AgentPin,
     Recovery,
     RetrySpec,
@@ -260,7 +261,7 @@ class AgentRegistration:
             tools={t.name: self._tool_policy(t) for t in self.agent.tools},
             continue_as_new_events=self.continue_as_new_events,
             continue_as_new_bytes=self.continue_as_new_bytes,
-            parts=dict(self.fingerprint_parts),
+            parts=dict(self.pinned_parts),
         )
 
     def _tool_policy(self, t: Tool[Any]) -> ToolPolicy:
@@ -335,6 +336,25 @@ class AgentRegistration:
                     part = f"tool {t['name']} {_TOOL_PARTS.get(key, key)}"
                     parts.setdefault(part, []).append([key, value])
         return {name: _digest(values, 8) for name, values in sorted(parts.items())}
+
+    @functools.cached_property
+    def pinned_parts(self) -> Mapping[str, str]:
+        """`fingerprint_parts`, and `tool_retry`: a run checks it (in `pin_check`) but the
+        fingerprint leaves it out. A run pins these, so a worker can say what changed.
+
+        .. versionadded:: Unreleased
+        """
+        return {**self.fingerprint_parts, "tool_retry": _digest(asdict(self.tool_retry), 8)}
+
+    @property
+    def pin_check(self) -> str:
+        """What every operation of a run of this registration carries and the worker
+        compares with its own, and what the run publishes as `DurablyFingerprint`: a
+        digest of the policies it applies (`pin_digest`), not the copyable fingerprint.
+
+        .. versionadded:: Unreleased
+        """
+        return PIN_DIGEST_PREFIX + self.pin_digest
 
     @functools.cached_property
     def pin_digest(self) -> str:

@@ -159,7 +159,7 @@ class AgentActivities:
                 non_retryable=True,
             )
         expected = (
-            PIN_DIGEST_PREFIX + registration.pin_digest
+            registration.pin_check
             if fingerprint.startswith(PIN_DIGEST_PREFIX)
             else registration.fingerprint
         )

@@ -19,7 +19,15 @@ from rich.text import Text
 
 from durably._text import printable
 from durably.cli._connection import Connection, RunId, command
-from durably.cli._terminal import clip, console, local_time, safe, status_text, table
+from durably.cli._terminal import (
+    clip,
+    console,
+    fingerprint_text,
+    local_time,
+    safe,
+    status_text,
+    table,
+)
 from durably.contract import OtherAttention, RunSnapshot, RunStatus, RunSummary
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -106,7 +114,8 @@ def _runs_table(runs: list[RunSummary]) -> Table:
         rows.add_row(
             safe(r.run_id),
             safe(agent or "-"),
-            safe(r.fingerprint[:8] if r.fingerprint else "-"),  # --json has it whole
+            # Its first digits (--json has it whole).
+            fingerprint_text(r.fingerprint, width=8),
             status_text(r.status),
             local_time(r.started_at, "%m-%d %H:%M"),
             local_time(r.closed_at, "%m-%d %H:%M"),

@@ -20,7 +20,7 @@ from rich.text import Text
 from temporalio.service import RPCError
 
 from durably._text import printable
-from durably.contract import RunStatus
+from durably.contract import PIN_DIGEST_PREFIX, RunStatus
 from durably.errors import DurablyError
 
 T = TypeVar("T")
@@ -64,6 +64,16 @@ def status_text(status: RunStatus | None) -> Text:
     if status is None:
         return Text("-")
     return Text(status.value, style=_STATUS_STYLE.get(status, ""))
+
+
+def fingerprint_text(
+    published: str | None, *, width: int | None = None, missing: str = "-"
+) -> Text:
+    """A published `DurablyFingerprint` as people compare it: without its scheme
+    prefix, the same in `durably runs` and `durably versions`."""
+    if not published:
+        return Text(missing)
+    return safe(published.removeprefix(PIN_DIGEST_PREFIX)[:width])
 
 
 def local_time(value: datetime | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:

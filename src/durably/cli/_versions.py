@@ -15,9 +15,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from durably.cli._agents import import_from_cwd
 from durably.cli._connection import Connection, TaskQueue, command
-from durably.cli._serve import _import_from_cwd
-from durably.cli._terminal import console, safe, table
+from durably.cli._terminal import console, fingerprint_text, safe, table
 from durably.client import NeededVersion
 from durably.contract import DEFAULT_TASK_QUEUE
 from durably.errors import DurablyError
@@ -65,14 +65,14 @@ async def versions(
         )
     registrations = None
     if agents is not None:
-        _import_from_cwd()
+        import_from_cwd()
         registrations = load_registrations(agents)
     if not needed:
         assert registrations is not None
         hosted = sorted(registrations, key=lambda r: (r.agent_id, r.version))
         if as_json:
             rows = [
-                {"agent_id": r.agent_id, "version": r.version, "fingerprint": r.fingerprint}
+                {"agent_id": r.agent_id, "version": r.version, "fingerprint": r.pin_check}
                 for r in hosted
             ]
             print(json.dumps(rows, indent=2))
@@ -81,7 +81,7 @@ async def versions(
         for name in ("agent", "version", "fingerprint"):
             shown.add_column(name, no_wrap=True)
         for r in hosted:
-            shown.add_row(safe(r.agent_id), safe(r.version), r.fingerprint)
+            shown.add_row(safe(r.agent_id), safe(r.version), fingerprint_text(r.pin_check))
         console.print(shown)
         return
     client = await conn.client(task_queue)
@@ -109,7 +109,7 @@ def _needed_table(found: list[NeededVersion], *, checked: bool) -> Table:
         cells: list[str | Text] = [
             safe(n.agent_id or "-"),
             safe(n.version or "-"),
-            safe(n.fingerprint or ("unknown" if n.version else "-")),
+            fingerprint_text(n.fingerprint, missing="unknown" if n.version else "-"),
             str(n.runs),
             safe(n.example_run_id),
         ]

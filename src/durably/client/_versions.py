@@ -6,14 +6,16 @@ identity, so an innocent edit shipped under the same version parks every
 in-flight run as `version_incompatible`, one at a time, as each reaches its
 next operation, and nothing said so when the worker started.
 
-Each run publishes the fingerprint it pinned as the `DurablyFingerprint`
-search attribute, so the check reads visibility alone: it never queries a run
+Each run publishes what its operations check (`AgentRegistration.pin_check`: a
+digest of its registration's policies, `tool_retry` included, which the
+fingerprint leaves out) as the `DurablyFingerprint` search attribute, so the
+check reads visibility alone: it never queries a run
 (at the only worker's start nothing polls yet, and a query would hang). Runs
 pinned by a durably that did not publish it are reported as
 `fingerprint_unknown`, never guessed. Which parts of a definition changed is
 read from the history of one run per differing fingerprint (`fetch_history`
 needs no worker either): the pin it recorded holds a short digest of each
-part (`AgentPin.parts`).
+part (`AgentPin.parts`, from `AgentRegistration.pinned_parts`).
 """
 
 from __future__ import annotations
@@ -161,13 +163,13 @@ async def needed_versions(
             pin = await _pinned(client, n.example_run_id)
         if pin is None or pin.parts is None:
             return n
-        return n.model_copy(update={"changed": changed_parts(pin.parts, hosted.fingerprint_parts)})
+        return n.model_copy(update={"changed": changed_parts(pin.parts, hosted.pinned_parts)})
 
     return list(await asyncio.gather(*map(explain, checked)))
 
 
 def changed_parts(pinned: Mapping[str, str], hosted: Mapping[str, str]) -> tuple[str, ...]:
-    """The names of the parts (`AgentRegistration.fingerprint_parts`) that differ.
+    """The names of the parts (`AgentRegistration.pinned_parts`) that differ.
 
     A tool only one side has is one entry, `tool NAME added` or `tool NAME
     removed`, rather than each of its parts; `tools` (their names, in order)
@@ -207,12 +209,12 @@ def _check(n: NeededVersion, registry: AgentRegistry) -> NeededVersion:
         check = "not_hosted"
     elif n.fingerprint is None:
         check = "fingerprint_unknown"
-    elif _same(n.fingerprint, hosted.fingerprint):
+    elif _same(n.fingerprint, hosted.pin_check):
         check = "matches"
     else:
         check = "differs"
     return n.model_copy(
-        update={"check": check, "hosted_fingerprint": hosted.fingerprint if hosted else None}
+        update={"check": check, "hosted_fingerprint": hosted.pin_check if hosted else None}
     )
 
 

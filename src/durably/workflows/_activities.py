@@ -101,16 +101,19 @@ async def model_request(
 def next_attempt_in(err: FailureError, spec: RetrySpec, attempt: int) -> timedelta | None:
     """How long after failed attempt `attempt` the next one starts, as Temporal's own
     retry would wait (`initial * 2^(attempt-1)`, capped; a provider's `Retry-After`
-    wins); None when there is none: the error says not to retry, or the attempts are
-    used up. A crash (a timeout) counts as an attempt, as it does for Temporal."""
+    wins, if it is positive); None when there is none: the error says not to retry,
+    or the attempts are used up. A crash (a timeout) counts as an attempt, as it does
+    for Temporal."""
     cause = _cause(err)
     if isinstance(cause, ApplicationError) and cause.non_retryable:
         return None
     if attempt >= spec.max_attempts:
         return None
-    if isinstance(cause, ApplicationError) and cause.next_retry_delay is not None:
-        return cause.next_retry_delay
-    delay_ms = min(spec.initial_delay_ms * 2 ** (attempt - 1), spec.max_delay_ms)
+    asked = cause.next_retry_delay if isinstance(cause, ApplicationError) else None
+    if asked is not None and asked > timedelta(0):  # a classifier's past date means now
+        return asked
+    doublings = min(attempt - 1, 32)  # past 2^32 the cap decides anyway
+    delay_ms = min(spec.initial_delay_ms * 2**doublings, spec.max_delay_ms)
     return timedelta(milliseconds=delay_ms)
 
 

@@ -593,6 +593,8 @@ class RunMachine:
         return RunResult(run_id=self.run_id, output=output, turns=s.turns, usage=s.usage)
 
     def cancel(self) -> None:
+        if self.s.status == RunStatus.RETRY_WAIT:
+            self.retry_due()  # no attempt is coming: the snapshot must not say one is
         self.s.status = RunStatus.CANCELLED
         self.event(EventType.RUN_CANCELLED)
 

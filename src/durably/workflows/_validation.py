@@ -170,6 +170,13 @@ def check_retry(run_id: str, s: RunState) -> None:
                 "external system, then resolve_tool it (json, error, or rerun)",
             )
         return
+    if s.status == RunStatus.RETRY_WAIT:
+        at = f"{s.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC" if s.next_attempt_at else "soon"
+        raise rejection(
+            ErrorType.DURABLE_CONFLICT,
+            f"run {run_id!r} is waiting to retry its model request (attempt {s.attempt} at "
+            f"{at}, under model_retry); it needs no retry(). Wait, or cancel the run",
+        )
     if s.status != RunStatus.FAILED:
         raise rejection(
             ErrorType.DURABLE_CONFLICT,

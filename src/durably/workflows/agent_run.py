@@ -145,14 +145,14 @@ class AgentRunWorkflow:
         info = workflow.info()
         # First, before any command: every later decision depends on it.
         self._hardened = workflow.patched(PATCH_HARDENED)
-        self._faithful = workflow.patched(PATCH_SEED_FIDELITY)
+        self._seed_fidelity = workflow.patched(PATCH_SEED_FIDELITY)
         state, self._input_problem = initial_state(payload, info, hardened=self._hardened)
         self._run_id = info.workflow_id
         self._m = RunMachine(
             state,
             run_id=self._run_id,
             hardened=self._hardened,
-            lean=self._faithful,
+            lean=self._seed_fidelity,
             clock=self._clock,
         )
         self._published = {sa.name: _start_value(sa) for sa in SEARCH_ATTRIBUTES}
@@ -262,7 +262,10 @@ class AgentRunWorkflow:
         the run schedules each attempt itself and waits out the backoff visibly."""
         m = self._m
         request = m.model_input(step)
-        retry = m.pin.model_retry if self._faithful else None
+        retry = m.pin.model_retry if self._seed_fidelity else None
+        if m.s.status == RunStatus.RETRY_WAIT:  # continued as new while waiting to retry
+            request = request.model_copy(update={"attempt": m.s.attempt})
+            await self._until_next_attempt()
         while True:
             workflow.set_current_details(
                 f"Waiting for the model (turn {step.turn} of {m.pin.max_turns})"
@@ -273,7 +276,7 @@ class AgentRunWorkflow:
                     request,
                     step.turn,
                     one_attempt=retry is not None,
-                    summary=not self._faithful,
+                    summary=not self._seed_fidelity,
                 )
             except ActivityError as err:
                 attempt = request.attempt or 1
@@ -294,10 +297,27 @@ class AgentRunWorkflow:
         """Wait out a model request's backoff in a durable timer, `retry_wait` meanwhile:
         the Web UI's `DurablyStatus` filter and the inbox find it, and a server restart
         keeps both the timer and the status."""
-        m = self._m
-        m.wait_to_retry(key, error, attempt, workflow.now() + delay)
+        self._m.wait_to_retry(key, error, attempt, workflow.now() + delay)
         self._publish()
-        await workflow.sleep(delay, summary=f"model retry backoff {key} (attempt {attempt})")
+        await self._until_next_attempt()
+
+    async def _until_next_attempt(self) -> None:
+        """Sleep until the model request's next attempt. Each failed attempt adds a dozen
+        events, and `max_attempts` has no bound: when the history nears its limit the
+        run continues as new first, and the new run resumes this wait from its state."""
+        m = self._m
+        if self._may_continue_from_wait():
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            next_input, problem = carried(m, workflow.info().run_id)
+            if next_input is not None:
+                workflow.continue_as_new(next_input)
+            self._cannot_continue = True  # wait here then, saying why
+            m.event(EventType.CONTINUE_AS_NEW_REFUSED, detail=problem)
+        at = m.s.next_attempt_at
+        if at is not None and at > workflow.now():
+            await workflow.sleep(
+                at - workflow.now(), summary=f"model retry backoff (attempt {m.s.attempt})"
+            )
         m.retry_due()
         self._publish()
 
@@ -607,7 +627,8 @@ class AgentRunWorkflow:
             SA_STATUS.name: s.status.value,
             SA_AGENT.name: s.agent_id or None,
             SA_AGENT_VERSION.name: s.pin.version if s.pin else None,
-            SA_FINGERPRINT.name: s.pin.fingerprint if s.pin and self._faithful else None,
+            # What every operation of the run checks (`RunMachine.pin_check`).
+            SA_FINGERPRINT.name: self._m.pin_check() if s.pin and self._seed_fidelity else None,
         }
         updates: list[SearchAttributeUpdate[str]] = []
         for sa in SEARCH_ATTRIBUTES:
