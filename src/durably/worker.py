@@ -62,6 +62,8 @@ class DurableRuntime:
         self.registry = plugin.registry
         self.worker = worker
         self._task: asyncio.Task[None] | None = None
+        # The version check of a non-strict start, running beside polling.
+        self._version_check: asyncio.Task[None] | None = None
         self.strict_versions = False
 
     @classmethod
@@ -174,11 +176,25 @@ class DurableRuntime:
         namespace lacks durably's search attributes (`durably setup`). Checks
         the versions unfinished runs pinned against this worker's (see
         `open`'s `strict_versions`).
+
+        The check lists every unfinished run on the task queue (a page of
+        visibility per thousand or so runs), so only a strict worker waits
+        for it before polling. Otherwise it runs in the background once
+        polling has started, and only logs: a task queue with many waiting
+        runs never delays a start, nor each worker of a rolling restart.
+
+        .. versionchanged:: Unreleased
+           The version check, in the background unless `strict_versions`.
         """
         if self._task is None:
             await check_on_start(self.client.temporal)
-            await self._check_versions()
+            if self.strict_versions:
+                await self._check_versions()
             self._task = asyncio.create_task(self.worker.run(), name="durably-worker")
+            if not self.strict_versions:
+                self._version_check = asyncio.create_task(
+                    self._check_versions_beside(), name="durably-version-check"
+                )
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set, then drain; a worker that fails ends it at once.
@@ -203,17 +219,37 @@ class DurableRuntime:
                 ) from err
 
     async def close(self) -> None:
-        """Stop polling and let running activities finish (or see their abort signal)."""
+        """Stop polling and let running activities finish (or see their abort signal).
+
+        A version check still running in the background is cancelled.
+        """
+        if self._version_check is not None:
+            self._version_check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._version_check
+            self._version_check = None
         if self._task is not None:
             await self.worker.shutdown()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
 
+    async def _check_versions_beside(self) -> None:
+        """`_check_versions` beside polling: whatever goes wrong is logged, never raised."""
+        try:
+            await self._check_versions()
+        except Exception as err:  # a check gone wrong must never stop a polling worker
+            _log.warning(
+                "could not check the versions unfinished runs need",
+                error=f"{type(err).__name__}: {err}",
+            )
+
     async def _check_versions(self) -> None:
         """Log each version unfinished runs pinned that this worker lacks or hosts changed.
 
         With `strict_versions`, raise `VersionDriftError` instead of starting.
+        Runs not pinned yet are only logged, even then: one started with a
+        mistyped agent id must not keep every strict worker down.
         """
         try:
             needed = await self.client.needed_versions(self.registry)
@@ -241,6 +277,12 @@ class DurableRuntime:
                     hosted_fingerprint=n.hosted_fingerprint,
                     changed=list(n.changed) if n.changed is not None else "unknown",
                 )
+            elif n.check == "not_hosted" and n.version is None:
+                _log.warning(
+                    "unfinished runs name an agent this worker does not host and have not "
+                    "pinned a version; they will park as version_missing (a mistyped agent id?)",
+                    **fields,
+                )
             elif n.check == "not_hosted":
                 _log.warning(
                     "unfinished runs need a version this worker does not host; they will park "
@@ -249,7 +291,8 @@ class DurableRuntime:
                 )
             elif n.check == "fingerprint_unknown":
                 _log.info("unfinished runs pinned no published fingerprint to check", **fields)
-        drift = [n for n in needed if not n.ok]
+        # A run not pinned yet names an agent id only; it never refuses a start.
+        drift = [n for n in needed if not n.ok and n.version is not None]
         if drift and self.strict_versions:
             raise VersionDriftError(_drift_message(drift), drift)
 

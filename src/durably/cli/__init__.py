@@ -25,10 +25,11 @@ variables and Temporal config file (its profile `--profile`, else
 `DurablyError` prints its message in red and exits with status 1.
 
 One job per module: `_connection` (the connection options, declared once, and
-how an `async def` becomes a command), `_operate` (commands that change runs),
-`_read` (commands that read and render them), `_serve` (worker, dev server,
-approval keys), `_setup` (a namespace's search attributes), `_versions` (the
-versions runs need), `_terminal` (what reaches the terminal).
+how an `async def` becomes a command), `_agents` (where `--agents module:attr`
+is imported from), `_operate` (commands that change runs), `_read` (commands
+that read and render them), `_serve` (worker, dev server, approval keys),
+`_setup` (a namespace's search attributes), `_versions` (the versions runs
+need), `_terminal` (what reaches the terminal).
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shlex
 import shutil
 import signal
@@ -26,6 +25,7 @@ from temporalio.service import RPCError
 
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
+from durably.cli._agents import import_from_cwd
 from durably.cli._connection import Connection, TaskQueue, command
 from durably.cli._terminal import clip, console, err_console, safe
 from durably.client import DurableClient, RunHandle
@@ -97,7 +97,7 @@ async def worker(
     """
     from durably.worker import run_worker
 
-    _import_from_cwd()
+    import_from_cwd()
     await run_worker(
         agents,
         target=conn.target,
@@ -142,7 +142,7 @@ async def dev(
     from durably.examples import support_desk
     from durably.worker import load_registrations
 
-    _import_from_cwd()
+    import_from_cwd()
     # Every worker on a task queue must host the same agents: the dev worker
     # hosts the example and the user's agents together.
     registrations = list(support_desk.registrations)
@@ -378,12 +378,6 @@ async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     return None
-
-
-def _import_from_cwd() -> None:
-    """Resolve `module:attr` from the working directory, as `python -m` does."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
 
 
 def _command(name: str) -> str:
