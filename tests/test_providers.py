@@ -129,7 +129,7 @@ def anthropic_key(headers: Mapping[str, str]) -> str | None:
 
 async def run_to_end(client: DurableClient, text: str = "Where is order A-1?") -> Any:
     run = await client.start_run("orders", text)
-    return run, await run.result(poll_interval=0.05)
+    return run, await run.result()
 
 
 # -- durable runs ------------------------------------------------------------------
@@ -253,7 +253,7 @@ class TestAnthropicRuns:
             },
         ]
 
-    async def test_a_classifier_given_to_the_model_decides_what_temporal_retries(
+    async def test_a_classifier_given_to_the_model_decides_what_the_run_retries(
         self, client: DurableClient, runtimes: Runtimes, fake_anthropic: FakeAnthropic
     ) -> None:
         """Every error is retried by default; this model's own classifier stops a 400."""
@@ -269,7 +269,7 @@ class TestAnthropicRuns:
         run = await client.start_run("orders", "Where is order A-1?")
 
         with pytest.raises(RunFailedError, match="BadRequestError"):
-            await run.result(poll_interval=0.05)
+            await run.result()
 
         assert len(fake_anthropic.received) == 1
         assert [type(e).__name__ for e in seen] == ["BadRequestError"]
@@ -306,10 +306,11 @@ class TestBothProviders:
             SeenResult("call_c", '{"order_id":"C-3","status":"shipped"}', is_error=False),
         ]
 
-    async def test_a_500_and_a_429_with_retry_after_are_retried_by_temporal(
+    async def test_a_500_and_a_429_with_retry_after_are_retried_by_the_run(
         self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
     ) -> None:
-        """The 500 waits the initial delay; the 429 waits its Retry-After, past max_delay."""
+        """Under model_retry the run schedules each attempt and waits in a durable timer:
+        the 500 waits the initial delay; the 429 waits its Retry-After, past max_delay."""
         fake.script(
             fake.error(500, "upstream hiccup"),
             fake.error(429, "slow down", {"retry-after": "2"}),
@@ -346,7 +347,7 @@ class TestBothProviders:
         run = await client.start_run("orders", "Where is order A-1?")
 
         with pytest.raises(RunFailedError, match="BadRequestError"):
-            await run.result(poll_interval=0.05)
+            await run.result()
 
         assert len(fake.received) == 1
         assert "messages: unknown field" in ((await run.snapshot()).error or "")
@@ -403,7 +404,7 @@ class TestUnreadableAnswers:
         run = await client.start_run("orders", "Where is order A-1?")
 
         with pytest.raises(RunFailedError, match="ModelResponseError"):
-            await run.result(poll_interval=0.05)
+            await run.result()
 
         snap = await run.snapshot()
         assert snap.status == RunStatus.FAILED
@@ -417,7 +418,7 @@ class TestUnreadableAnswers:
 
         fake.script(fake.tool_calls(lookup("call_1", "A-1")), fake.text("Shipped."))
         await run.retry()
-        assert (await run.result(poll_interval=0.05)).output == "Shipped."
+        assert (await run.result()).output == "Shipped."
         assert looked_up == ["A-1"]
 
     async def test_without_model_retry_an_empty_completion_fails_the_run(
@@ -428,7 +429,7 @@ class TestUnreadableAnswers:
         run = await client.start_run("orders", "Where is order A-1?")
 
         with pytest.raises(RunFailedError, match="the model's answer is empty"):
-            await run.result(poll_interval=0.05)
+            await run.result()
 
         assert len(fake.received) == 1
 
@@ -448,7 +449,7 @@ class TestUnreadableAnswers:
         run = await client.start_run("orders", "Where is order A-1?")
 
         with pytest.raises(RunFailedError, match="are JSON a list, not an object"):
-            await run.result(poll_interval=0.05)
+            await run.result()
 
         assert len(fake.received) == 1
         [error] = seen

@@ -8,6 +8,7 @@ publishes); it never describes the run over and over.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Literal
 
 import pytest
@@ -18,6 +19,7 @@ from durably import (
     Agent,
     AgentRegistration,
     DurableClient,
+    DurableRuntime,
     FunctionModel,
     RunCancelledError,
     RunClosedError,
@@ -58,6 +60,28 @@ def asking_agent() -> AgentRegistration:
         tools=[question_tool(name="ask", description="Ask the customer.")],
     )
     return AgentRegistration(agent, version="1")
+
+
+def ticket_desk(failing: list[bool]) -> AgentRegistration:
+    """Agent `desk`, whose `create_ticket` tool fails (twice, then the run) while `failing[0]`."""
+
+    @tool
+    async def create_ticket(args: Order, ctx: ToolContext) -> Receipt:
+        """Create a ticket."""
+        if failing[0]:
+            raise ConnectionResetError("ticket service hung up")
+        return Receipt(refund_id="T-1")
+
+    agent = Agent(
+        id="desk",
+        model=ScriptedModel([tool_call("create_ticket", call_id="c1", order="A1"), echo]),
+        instructions="",
+        tools=[create_ticket],
+    )
+    fast = ToolRetry(max_attempts=2, initial_delay_ms=10, max_delay_ms=10)
+    return AgentRegistration(
+        agent, version="1", tool_recovery={"create_ticket": "idempotent"}, tool_retry=fast
+    )
 
 
 def looping_agent(*, max_turns: int, continue_as_new_events: int) -> AgentRegistration:
@@ -125,9 +149,12 @@ class TestWaitsThrough:
         assert len(calls) == 1
 
     async def test_returns_as_soon_as_temporal_reports_the_run_completed(
-        self, client: DurableClient, runtimes: Runtimes
+        self, client: DurableClient, runtimes: Runtimes, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The end comes from Temporal's own long poll for the close event, not a later read."""
+        # The failure watch first reads the history a minute in: only the close
+        # long poll can end this wait within the test.
+        monkeypatch.setattr(handle_module, "_FIRST_READ", 60.0)
         await runtimes.start([asking_agent()])
         run = await client.start_run("asker", "go")
         ours = asyncio.create_task(run.result())
@@ -137,8 +164,7 @@ class TestWaitsThrough:
 
         await run.answer(snap.interaction, "A1")
         await theirs
-        # Far less than the failure watch's pause by now (it doubles from 1 s).
-        result = await asyncio.wait_for(ours, 0.9)
+        result = await asyncio.wait_for(ours, 10)  # generous for a loaded machine
 
         assert result.output == '[{"error": false, "content": "A1"}]'
 
@@ -167,25 +193,7 @@ class TestEnds:
     ) -> None:
         """The failure is read from history wherever a wait starts; after retry() it is history."""
         failing = [True]
-
-        @tool
-        async def create_ticket(args: Order, ctx: ToolContext) -> Receipt:
-            """Create a ticket."""
-            if failing[0]:
-                raise ConnectionResetError("ticket service hung up")
-            return Receipt(refund_id="T-1")
-
-        agent = Agent(
-            id="desk",
-            model=ScriptedModel([tool_call("create_ticket", call_id="c1", order="A1"), echo]),
-            instructions="",
-            tools=[create_ticket],
-        )
-        fast = ToolRetry(max_attempts=2, initial_delay_ms=10, max_delay_ms=10)
-        registration = AgentRegistration(
-            agent, version="1", tool_recovery={"create_ticket": "idempotent"}, tool_retry=fast
-        )
-        await runtimes.start([registration])
+        await runtimes.start([ticket_desk(failing)])
         run = await client.start_run("desk", "file it")
 
         with pytest.raises(RunFailedError, match="ConnectionResetError: ticket service hung up"):
@@ -197,6 +205,29 @@ class TestEnds:
         result = await run.result()  # the earlier `failed` in history no longer counts
 
         assert result.output == '[{"error": false, "content": "{\\"refund_id\\":\\"T-1\\"}"}]'
+
+    @pytest.mark.usefixtures("eager_reads")
+    async def test_a_failure_no_worker_confirms_is_asked_about_again_not_raised_early(
+        self, client: DurableClient, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """While workers are redeployed the confirming query goes unanswered: the wait
+        goes on, and raises once a worker answers that the run is still failed."""
+        monkeypatch.setattr(handle_module, "_QUERY_TIMEOUT", timedelta(seconds=0.5))
+        registration = ticket_desk([True])
+        async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
+            await rt.resume()
+            run = await client.start_run("desk", "file it")
+            await wait_for_status(run, RunStatus.FAILED)
+
+        waiting = asyncio.create_task(run.result())
+        await asyncio.sleep(2)  # several unanswered queries
+        assert not waiting.done()
+
+        async with await DurableRuntime.open(client=client, agents=[registration]) as rt:
+            await rt.resume()
+            with pytest.raises(RunFailedError, match="ticket service hung up"):
+                await asyncio.wait_for(waiting, 60)
+        await run.cancel()
 
     async def test_finds_a_failure_behind_several_pages_of_history(
         self, client: DurableClient, runtimes: Runtimes

@@ -56,9 +56,11 @@ MAX_RUN_ID_CHARS = 1_000  # Temporal's limit on a workflow id
 
 _UNFINISHED = [s.value for s in RunStatus if s.unfinished]
 _FINISHED = [s.value for s in RunStatus if not s.unfinished]
-# The search-attribute statuses that wait for a person, and the inbox kind a
-# run in them shows as when its snapshot cannot be read. (A retry wait is not
-# among them: Temporal holds the backoff, the attribute stays `running`.)
+# The search-attribute statuses the inbox lists (found through visibility
+# alone), and the inbox kind a run in them shows as when its snapshot cannot be
+# read. `retry_wait` is among them: a run waits out its model backoff in a
+# durable timer and publishes that status (one started before the
+# `durably-seed-fidelity` patch stays `running` then, and is not listed).
 _INBOX: dict[RunStatus, Literal["approval", "blocked", "failed", "retry_wait"]] = {
     RunStatus.WAITING: "approval",
     RunStatus.NEEDS_ATTENTION: "blocked",

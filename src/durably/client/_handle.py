@@ -136,8 +136,10 @@ class RunHandle:
 
         A query: it adds nothing to history and never changes the run.
 
-        A model request waiting out its retry backoff lives in Temporal's
-        pending activity, not in the workflow; a running run is shown as
+        A run holds its own `retry_wait` (and `next_attempt_at`, `attempt`)
+        while it waits out a model request's backoff in a durable timer. Runs
+        started before the `durably-seed-fidelity` patch leave that backoff to
+        Temporal's pending activity instead: such a running run is shown as
         `retry_wait`, with the server's `next_attempt_at` and the coming
         `attempt`, when its model request is in that state.
         """
@@ -148,8 +150,6 @@ class RunHandle:
             if snapshot.status == RunStatus.RUNNING:
                 snapshot = await self._with_retry_wait(snapshot)
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise self._not_found() from err
             if err.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
                 # The server was reached; a query is answered by a worker.
                 raise TemporalUnavailableError(
@@ -161,7 +161,7 @@ class RunHandle:
                     status=err.status,
                     raw_grpc_status=err.raw_grpc_status,
                 ) from err
-            raise temporal_error(err, self._client, f"the snapshot of run {self.run_id!r}") from err
+            raise self._rpc_error(err, f"the snapshot of run {self.run_id!r}") from err
         return snapshot
 
     async def _with_retry_wait(self, snapshot: RunSnapshot) -> RunSnapshot:
@@ -202,6 +202,13 @@ class RunHandle:
         most once a second at first, then less often (every 5 s at most), so
         `failed` is noticed within that; a run that waits costs nothing.
 
+        Each call reads the run's history once from its start (a long run's
+        history may be megabytes) before it waits on new events: the cost of
+        watching for a failure without a query. A `failed` status found
+        there is confirmed by the run's snapshot; while no worker answers that
+        query (workers being redeployed, say), the wait goes on and asks again
+        at the next read.
+
         `poll_interval` is ignored; it is kept so that calls passing it still work.
 
         .. versionchanged:: Unreleased
@@ -238,9 +245,7 @@ class RunHandle:
                 ) from err
             raise RunFailedError(self.run_id, str(err.cause or err)) from err
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise self._not_found() from err
-            raise temporal_error(err, self._client, f"the result of run {self.run_id!r}") from err
+            raise self._rpc_error(err, f"the result of run {self.run_id!r}") from err
         return result
 
     async def _failure(self) -> None:
@@ -279,8 +284,8 @@ class RunHandle:
                 continue
             try:
                 snap = await self.snapshot()
-            except RPCError:  # no worker answered (it is down, say): ask at the next read
-                continue
+            except TemporalUnavailableError:
+                continue  # no worker answered (one is being redeployed, say): ask at the next read
             if snap.status == RunStatus.FAILED:
                 raise RunFailedError(self.run_id, snap.error or "unknown error")
             unconfirmed = None  # retried already: what it publishes next is in the history
@@ -300,9 +305,7 @@ class RunHandle:
         try:
             await page.fetch_next_page()
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise self._not_found() from err
-            raise temporal_error(err, self._client, f"the result of run {self.run_id!r}") from err
+            raise self._rpc_error(err, f"the result of run {self.run_id!r}") from err
         return list(page.current_page or ()), page.next_page_token or token
 
     async def pending(self) -> list[Interaction]:
@@ -533,9 +536,7 @@ class RunHandle:
                 await self._handle.cancel(rpc_timeout=_QUERY_TIMEOUT)
                 return
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise self._not_found() from err
-            raise temporal_error(err, self._client, operation) from err
+            raise self._rpc_error(err, operation) from err
         raise DurableConflictError(
             f"run {self.run_id!r} is already {how}; nothing was cancelled. {_after_close(how)}"
         )
@@ -545,9 +546,7 @@ class RunHandle:
         try:
             described = await self._handle.describe(rpc_timeout=_QUERY_TIMEOUT)
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                return self._not_found()
-            return temporal_error(err, self._client, f"{operation} of run {self.run_id!r}")
+            return self._rpc_error(err, f"{operation} of run {self.run_id!r}")
         how = closed_how(described.status)
         if how is None:  # open after all: it continued as new while the request was sent
             return DurableConflictError(
@@ -558,6 +557,13 @@ class RunHandle:
             f"run {self.run_id!r} is {how}; {operation} needs an open run, so nothing was "
             f"changed. {_after_close(how)}"
         )
+
+    def _rpc_error(self, err: RPCError, operation: str) -> DurablyError:
+        """The durably error for an RPC failure of `operation` on this run: no such
+        run is `RunNotFoundError`, anything else `temporal_error`'s."""
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return self._not_found()
+        return temporal_error(err, self._client, operation)
 
     def _not_found(self) -> RunNotFoundError:
         return RunNotFoundError(
