@@ -28,17 +28,20 @@ one with `ApprovalKeys.generate_key()` (or ``durably approval-key``).
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import json
 import os
-import re
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from durably._named_keys import (
+    check_named_keys,
+    generate_key,
+    named_keys_from_env,
+    parse_named_keys,
+)
 from durably.contract import Interaction
 from durably.errors import DurablyError
 
@@ -46,7 +49,6 @@ __all__ = ["ENV_KEYS", "ENV_KEYS_FILE", "ApprovalKeys"]
 
 ENV_KEYS = "DURABLY_APPROVAL_KEYS"
 ENV_KEYS_FILE = "DURABLY_APPROVAL_KEYS_FILE"
-_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _MIN_KEY_BYTES = 32
 _VERSION = "v1"
 
@@ -55,19 +57,9 @@ class ApprovalKeys:
     """Named HMAC keys: the first signs, all verify."""
 
     def __init__(self, keys: Mapping[str, bytes]) -> None:
-        if not keys:
-            raise DurablyError("ApprovalKeys needs at least one key")
-        for kid, key in keys.items():
-            if not _KEY_ID.fullmatch(kid):
-                raise DurablyError(
-                    f"approval key id {kid[:40]!r} must be 1 to 32 letters, digits, '_' or '-'"
-                )
-            if len(key) < _MIN_KEY_BYTES:
-                raise DurablyError(
-                    f"approval key {kid!r} has {len(key)} bytes; use at least "
-                    f"{_MIN_KEY_BYTES} random bytes (ApprovalKeys.generate_key())"
-                )
-        self._keys = dict(keys)
+        self._keys = check_named_keys(
+            keys, what="approval keys", min_bytes=_MIN_KEY_BYTES, make="durably approval-key"
+        )
         self.signing_key_id = next(iter(self._keys))
 
     def __repr__(self) -> str:  # never the key material
@@ -76,26 +68,12 @@ class ApprovalKeys:
     @staticmethod
     def generate_key() -> str:
         """A new random key, base64 (put `kid:<this>` in DURABLY_APPROVAL_KEYS)."""
-        return base64.b64encode(secrets.token_bytes(_MIN_KEY_BYTES)).decode()
+        return generate_key(_MIN_KEY_BYTES)
 
     @classmethod
     def parse(cls, text: str, *, source: str = "approval keys") -> ApprovalKeys:
         """Keys from ``kid:base64`` entries, separated by commas or newlines."""
-        keys: dict[str, bytes] = {}
-        for entry in re.split(r"[,\n]", text):
-            entry = entry.strip()
-            if not entry or entry.startswith("#"):
-                continue
-            kid, sep, material = entry.partition(":")
-            if not sep:
-                raise DurablyError(f"{source}: each key is `kid:base64`, got {entry[:8]!r}...")
-            try:
-                keys[kid.strip()] = base64.b64decode(material.strip(), validate=True)
-            except binascii.Error as err:
-                raise DurablyError(f"{source}: key {kid.strip()!r} is not base64 ({err})") from None
-        if not keys:
-            raise DurablyError(f"{source} holds no key")
-        return cls(keys)
+        return cls(parse_named_keys(text, source=source))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ApprovalKeys:
@@ -104,12 +82,8 @@ class ApprovalKeys:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ApprovalKeys | None:
         """Keys from DURABLY_APPROVAL_KEYS or the file DURABLY_APPROVAL_KEYS_FILE; None if unset."""
-        env = os.environ if environ is None else environ
-        if env.get(ENV_KEYS):
-            return cls.parse(env[ENV_KEYS], source=ENV_KEYS)
-        if env.get(ENV_KEYS_FILE):
-            return cls.from_file(env[ENV_KEYS_FILE])
-        return None
+        keys = named_keys_from_env(ENV_KEYS, ENV_KEYS_FILE, environ)
+        return None if keys is None else cls(keys)
 
     def sign(
         self,

@@ -7,24 +7,29 @@ hosts durably too (give it to the worker instead if the client is shared)::
     client = await Client.connect("localhost:7233", plugins=[DurablyPlugin(registry)])
     worker = Worker(client, task_queue="durably")
 
-It adds `AgentRunWorkflow`, the model/tool activities bound to `registry`,
-and the pydantic data converter. Pass `transcript_cache=TranscriptCache(...)`
-(from `durably.activities`) to size the worker's transcript cache (256 MiB by
-default; `TranscriptCache(0)` turns it off), and `approval_keys=` the keys
-that check signed approvals (by default from `DURABLY_APPROVAL_KEYS`, see
-`durably.approvals`).
+It adds `AgentRunWorkflow` and the model/tool activities bound to
+`registry`, and makes payloads pydantic's while keeping the client's payload
+codec, failure converter and external storage (see `durably._converter`);
+given to a worker alone, it does that to the worker's client.
+`encryption=EncryptionCodec.from_env()` (`durably.codec`) encrypts payloads.
+Pass `transcript_cache=TranscriptCache(...)` (from `durably.activities`) to
+size the worker's transcript cache (256 MiB by default; `TranscriptCache(0)`
+turns it off), and `approval_keys=` the keys that check signed approvals (by
+default from `DURABLY_APPROVAL_KEYS`, see `durably.approvals`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.plugin import SimplePlugin
+from temporalio.worker import WorkerConfig
 
+from durably._converter import durable_converter, with_durable_converter
 from durably.activities import AgentActivities, TranscriptCache
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
+from durably.codec import EncryptionCodec
 from durably.errors import RegistrationError
 from durably.registry import AgentRegistry
 from durably.workflows import AgentRunWorkflow
@@ -42,9 +47,12 @@ class DurablyPlugin(SimplePlugin):
         approval_keys: The keys signed approvals are checked with; by default
             `ApprovalKeys.from_env()`. Registrations that name `approvers`
             are refused without keys.
+        encryption: The codec that encrypts payloads, if any; by default the
+            client's own converter decides.
 
     .. versionchanged:: Unreleased
-       The `transcript_cache` and `approval_keys` keywords.
+       The `transcript_cache`, `approval_keys` and `encryption` keywords; the
+       client's data converter is kept, not replaced.
     """
 
     def __init__(
@@ -53,7 +61,9 @@ class DurablyPlugin(SimplePlugin):
         *,
         transcript_cache: TranscriptCache | None = None,
         approval_keys: ApprovalKeys | None = None,
+        encryption: EncryptionCodec | None = None,
     ) -> None:
+        self.encryption = encryption
         self.registry = registry if isinstance(registry, AgentRegistry) else AgentRegistry(registry)
         keys = approval_keys if approval_keys is not None else ApprovalKeys.from_env()
         self.check_approval_keys(self.registry.all(), keys)
@@ -62,10 +72,16 @@ class DurablyPlugin(SimplePlugin):
         )
         super().__init__(
             "durably.DurablyPlugin",
-            data_converter=pydantic_data_converter,
+            data_converter=lambda existing: durable_converter(existing, encryption),
             workflows=[AgentRunWorkflow],
             activities=self.agent_activities.methods(),
         )
+
+    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        """Also give the worker's client durably's converter: a plugin handed to a
+        worker alone never sees that client's configuration."""
+        config["client"] = with_durable_converter(config["client"], self.encryption)
+        return super().configure_worker(config)
 
     @staticmethod
     def check_approval_keys(

@@ -31,6 +31,7 @@ from durably.activities import TranscriptCache
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
 from durably.client import DurableClient, NeededVersion
+from durably.codec import EncryptionCodec
 from durably.contract import DEFAULT_TASK_QUEUE
 from durably.errors import (
     DurableConflictError,
@@ -80,6 +81,7 @@ class DurableRuntime:
         transcript_cache_bytes: int | None = None,
         approval_keys: ApprovalKeys | None = None,
         strict_versions: bool = False,
+        encryption: EncryptionCodec | None = None,
         **worker_options: Any,
     ) -> DurableRuntime:
         """Connect (or use `client`) and register `agents`; executes nothing yet.
@@ -94,16 +96,20 @@ class DurableRuntime:
         warning for each version unfinished runs pinned that this worker does
         not host, or hosts with another fingerprint (see
         `DurableClient.needed_versions`); `strict_versions=True` refuses to
-        start instead. Other keywords go to Temporal's `Worker`.
+        start instead. `encryption` (`durably.codec`) encrypts payloads; a
+        given client keeps its own converter otherwise. Other keywords go
+        to Temporal's `Worker`.
 
         .. versionchanged:: Unreleased
-           The `transcript_cache_bytes`, `approval_keys`, `profile` and
-           `strict_versions` keywords.
+           The `transcript_cache_bytes`, `approval_keys`, `profile`,
+           `strict_versions` and `encryption` keywords.
         """
         # Checked before connecting: a bad bound should not cost a connection.
         cache = None if transcript_cache_bytes is None else TranscriptCache(transcript_cache_bytes)
         if client is None:
-            durable = await DurableClient.connect(target, namespace, task_queue, profile=profile)
+            durable = await DurableClient.connect(
+                target, namespace, task_queue, profile=profile, encryption=encryption
+            )
         elif isinstance(client, DurableClient):
             if task_queue != DEFAULT_TASK_QUEUE and task_queue != client.task_queue:
                 raise ValueError(
@@ -111,10 +117,17 @@ class DurableRuntime:
                     f"{client.task_queue!r}; the client's wins, so pass one or the other"
                 )
             durable = client
+            if encryption is not None:
+                durable = DurableClient(
+                    client.temporal, task_queue=client.task_queue, encryption=encryption
+                )
         else:
-            durable = DurableClient(client, task_queue=task_queue)
+            durable = DurableClient(client, task_queue=task_queue, encryption=encryption)
         plugin = DurablyPlugin(
-            AgentRegistry(agents), transcript_cache=cache, approval_keys=approval_keys
+            AgentRegistry(agents),
+            transcript_cache=cache,
+            approval_keys=approval_keys,
+            encryption=encryption,
         )
         options: dict[str, Any] = {
             "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,

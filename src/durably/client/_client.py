@@ -19,12 +19,14 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durably._converter import with_durable_converter
 from durably._search_attributes import setup_command
 from durably._text import md_text, printable
 from durably.agents import AgentRegistration
-from durably.client._connect import connect_temporal, with_pydantic
+from durably.client._connect import connect_temporal
 from durably.client._handle import RunHandle, temporal_error, too_large
 from durably.client._versions import NeededVersion, needed_versions
+from durably.codec import EncryptionCodec
 from durably.contract import (
     DEFAULT_TASK_QUEUE,
     MAX_NAME_CHARS,
@@ -70,10 +72,25 @@ _INBOX: dict[RunStatus, Literal["approval", "blocked", "failed", "retry_wait"]] 
 
 
 class DurableClient:
-    """Operators' entry point. Reach for `DurableClient.connect` first."""
+    """Operators' entry point. Reach for `DurableClient.connect` first.
 
-    def __init__(self, client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE) -> None:
-        self.temporal = with_pydantic(client)
+    Wrapping a `Client` keeps its data converter (payload codec, failure
+    converter, external storage) and only makes payloads pydantic's; a
+    converter that cannot be is refused (`DurablyError`). `encryption`
+    (`durably.codec`) encrypts payloads.
+
+    .. versionchanged:: Unreleased
+       The client's converter is kept; the `encryption` keyword.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        encryption: EncryptionCodec | None = None,
+    ) -> None:
+        self.temporal = with_durable_converter(client, encryption)
         self.task_queue = task_queue
 
     @classmethod
@@ -84,11 +101,12 @@ class DurableClient:
         task_queue: str = DEFAULT_TASK_QUEUE,
         *,
         profile: str | None = None,
+        encryption: EncryptionCodec | None = None,
     ) -> DurableClient:
-        """Connect from arguments, else `TEMPORAL_ADDRESS`/`TEMPORAL_NAMESPACE`/config file."""
-        return cls(
-            await connect_temporal(target, namespace, profile=profile), task_queue=task_queue
-        )
+        """Connect from arguments, else `TEMPORAL_ADDRESS`/`TEMPORAL_NAMESPACE`/config file;
+        with `encryption`, every payload is encrypted (`durably.codec`)."""
+        temporal = await connect_temporal(target, namespace, profile=profile, encryption=encryption)
+        return cls(temporal, task_queue=task_queue)
 
     async def start_run(
         self, agent_id: str, input: str, *, version: str | None = None, run_id: str | None = None

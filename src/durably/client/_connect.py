@@ -5,25 +5,31 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 
+from durably._converter import durable_converter
+from durably.codec import EncryptionCodec
 from durably.errors import DurablyError
 
-__all__ = ["connect_temporal", "with_pydantic"]
+__all__ = ["connect_temporal"]
 
 DEFAULT_TARGET = "localhost:7233"
 
 
 async def connect_temporal(
-    target: str | None = None, namespace: str | None = None, *, profile: str | None = None
+    target: str | None = None,
+    namespace: str | None = None,
+    *,
+    profile: str | None = None,
+    encryption: EncryptionCodec | None = None,
 ) -> Client:
     """A client from the arguments, else `TEMPORAL_*` variables and the config file.
 
     Arguments win over the environment, which wins over the config file
     (`temporalio.envconfig`); with nothing set, the local dev server.
     `profile` names the config file's profile (else `TEMPORAL_PROFILE`, else
-    `default`).
+    `default`). Payloads are converted by pydantic and, with `encryption`,
+    encrypted.
     """
     try:
         config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
@@ -39,19 +45,10 @@ async def connect_temporal(
         config["namespace"] = namespace
     config.setdefault("target_host", DEFAULT_TARGET)
     try:
-        return await Client.connect(**config, data_converter=pydantic_data_converter)
+        return await Client.connect(**config, data_converter=durable_converter(None, encryption))
     except RuntimeError as err:  # what the SDK raises when it cannot connect
         raise DurablyError(
             f"cannot connect to Temporal at {config['target_host']} ({err}). Start a local "
             "server with `durably dev`, or point --target (or TEMPORAL_ADDRESS, or your "
             "Temporal config profile) at your cluster."
         ) from err
-
-
-def with_pydantic(client: Client) -> Client:
-    """The same connection, with payloads converted by pydantic."""
-    if client.data_converter is pydantic_data_converter:
-        return client
-    config = client.config()
-    config["data_converter"] = pydantic_data_converter
-    return Client(**config)

@@ -17,11 +17,13 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.errordetails.v1 import QueryFailedFailure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowFailureError,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -149,6 +151,11 @@ class RunHandle:
             )
             if snapshot.status == RunStatus.RUNNING:
                 snapshot = await self._with_retry_wait(snapshot)
+        except WorkflowQueryFailedError as err:
+            raise DurablyError(
+                f"the worker could not answer the snapshot query of run {self.run_id!r}: "
+                f"{await self._query_failure(err)}"
+            ) from err
         except RPCError as err:
             if err.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
                 # The server was reached; a query is answered by a worker.
@@ -163,6 +170,22 @@ class RunHandle:
                 ) from err
             raise self._rpc_error(err, f"the snapshot of run {self.run_id!r}") from err
         return snapshot
+
+    async def _query_failure(self, err: WorkflowQueryFailedError) -> str:
+        """Why a worker failed a query. With encryption on, the SDK gives only "Encoded
+        failure"; the failure itself is in the server's error details, and this client
+        may hold the key that decodes it (a worker missing a key says which)."""
+        refused = err.__context__
+        if isinstance(refused, RPCError) and refused.grpc_status is not None:
+            for detail in refused.grpc_status.details:
+                failed = QueryFailedFailure()
+                if detail.Unpack(failed) and failed.HasField("failure"):
+                    try:
+                        decoded = await self._client.data_converter.decode_failure(failed.failure)
+                    except Exception:  # not decodable here either: say what the server said
+                        break
+                    return str(decoded)
+        return err.message
 
     async def _with_retry_wait(self, snapshot: RunSnapshot) -> RunSnapshot:
         description = await self._handle.describe(rpc_timeout=_QUERY_TIMEOUT)

@@ -1,0 +1,212 @@
+"""Encrypted payloads: tool arguments, results, answers and model text are customer data.
+
+`EncryptionCodec` is a Temporal payload codec: every payload a client or
+worker sends (a run's input, activity inputs and results, signals, updates,
+queries' answers, current details and summaries) leaves the process
+encrypted with AES-256-GCM, so the server, its database and anyone reading
+them see ciphertext. Turn it on with keys, never in code::
+
+    DURABLY_ENCRYPTION_KEYS="k2:<base64>,k1:<base64>"   # or DURABLY_ENCRYPTION_KEYS_FILE
+
+    codec = EncryptionCodec.from_env()
+    client = await DurableClient.connect(encryption=codec)
+    runtime = await DurableRuntime.open(agents=..., encryption=codec)
+
+(the `durably` commands read the same variables). Keys are named, so they
+rotate: the first key encrypts what is sent now, every key decrypts, and a
+payload names its key in its metadata. Keep a key for as long as any
+history holds payloads encrypted with it: a payload whose key a process does
+not hold fails with `EncryptionKeyError` naming the key id, never decodes
+to garbage. Make a key with ``durably encryption-key``.
+
+What is never encrypted, by Temporal's design: search attributes, workflow
+and run ids, activity types, task queues and timer durations. durably puts
+no user data in them; put none in the run ids you choose.
+
+Payloads that are not encrypted decode as they are, so runs started before
+encryption was turned on go on. `compress=True` compresses with zlib before
+encrypting; it is off by default, because the length of compressed
+ciphertext says something about its text when part of that text comes from
+someone else (a model's or a tool's output beside a secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import PayloadCodec
+
+from durably._named_keys import check_named_keys, generate_key, named_keys_from_env
+from durably.errors import DurablyError
+
+__all__ = [
+    "ENCODING",
+    "ENV_KEYS",
+    "ENV_KEYS_FILE",
+    "EncryptionCodec",
+    "EncryptionKeyError",
+    "EncryptionKeys",
+]
+
+ENV_KEYS = "DURABLY_ENCRYPTION_KEYS"
+ENV_KEYS_FILE = "DURABLY_ENCRYPTION_KEYS_FILE"
+ENCODING = b"binary/encrypted"
+"""The `encoding` metadata of an encrypted payload (the name Temporal's samples use)."""
+
+_KEY_ID = "encryption-key-id"
+_CIPHER = "durably-cipher"
+_AES = b"aes256gcm"
+_AES_ZLIB = b"aes256gcm+zlib"
+_KEY_BYTES = 32
+_NONCE_BYTES = 12
+# Encoding many small payloads costs less inline than a thread hop each.
+_INLINE_BYTES = 64 * 1024
+
+
+class EncryptionKeyError(DurablyError):
+    """A payload cannot be decrypted: its key is not held here, or it does not match it.
+
+    In a worker, the workflow task or activity that needed the payload fails
+    and is retried until the key is back: the run waits, nothing is lost.
+    """
+
+    def __init__(self, message: str, key_id: str) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+
+
+class EncryptionKeys:
+    """Named AES-256 keys: the first encrypts, all decrypt.
+
+    Each key is 32 random bytes. Its id is stored, in clear, with every
+    payload it encrypts: make it a name (``2026-11``), never a secret.
+    """
+
+    def __init__(self, keys: Mapping[str, bytes]) -> None:
+        self._keys = check_named_keys(
+            keys,
+            what="encryption keys",
+            min_bytes=_KEY_BYTES,
+            exact=True,
+            make="durably encryption-key",
+        )
+        self.active_key_id = next(iter(self._keys))
+        self._ciphers = {kid: AESGCM(key) for kid, key in self._keys.items()}
+
+    def __repr__(self) -> str:  # never the key material
+        return f"EncryptionKeys({', '.join(self._keys)})"
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        """Every key's id, the active one first."""
+        return tuple(self._keys)
+
+    @staticmethod
+    def generate_key() -> str:
+        """A new random key, base64 (put `kid:<this>` first in DURABLY_ENCRYPTION_KEYS)."""
+        return generate_key(_KEY_BYTES)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> EncryptionKeys | None:
+        """Keys from DURABLY_ENCRYPTION_KEYS, else the file DURABLY_ENCRYPTION_KEYS_FILE
+        names (``kid:base64`` entries, by commas or lines); None if neither is set."""
+        keys = named_keys_from_env(ENV_KEYS, ENV_KEYS_FILE, environ)
+        return None if keys is None else cls(keys)
+
+    def cipher(self, key_id: str) -> AESGCM:
+        """The cipher of key `key_id`; `EncryptionKeyError` if it is not held here."""
+        try:
+            return self._ciphers[key_id]
+        except KeyError:
+            raise EncryptionKeyError(
+                f"a payload was encrypted with key {key_id[:40]!r}, which this process does "
+                f"not hold (it holds {', '.join(map(repr, self._keys))}). Add that key back "
+                f"to {ENV_KEYS} after the active one: keep every key as long as any run's "
+                "history holds payloads encrypted with it",
+                key_id,
+            ) from None
+
+
+class EncryptionCodec(PayloadCodec):
+    """AES-256-GCM over each whole payload (its metadata too), keyed by `keys`.
+
+    Args:
+        keys: The keys; the first encrypts.
+        compress: zlib before encrypting (see the module's note on when not to).
+    """
+
+    def __init__(self, keys: EncryptionKeys, *, compress: bool = False) -> None:
+        self.keys = keys
+        self.compress = compress
+
+    def __repr__(self) -> str:
+        return f"EncryptionCodec({self.keys!r}, compress={self.compress})"
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, compress: bool = False
+    ) -> EncryptionCodec | None:
+        """A codec with `EncryptionKeys.from_env()`; None when no key is set."""
+        keys = EncryptionKeys.from_env(environ)
+        return None if keys is None else cls(keys, compress=compress)
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        if sum(len(p.data) for p in payloads) > _INLINE_BYTES:
+            return await asyncio.to_thread(lambda: [self._encrypt(p) for p in payloads])
+        return [self._encrypt(p) for p in payloads]
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        if sum(len(p.data) for p in payloads) > _INLINE_BYTES:
+            return await asyncio.to_thread(lambda: [self._decrypt(p) for p in payloads])
+        return [self._decrypt(p) for p in payloads]
+
+    def _encrypt(self, payload: Payload) -> Payload:
+        kid = self.keys.active_key_id
+        cipher = _AES_ZLIB if self.compress else _AES
+        plain = payload.SerializeToString()
+        if self.compress:
+            plain = zlib.compress(plain)
+        nonce = os.urandom(_NONCE_BYTES)
+        sealed = self.keys.cipher(kid).encrypt(nonce, plain, _associated(kid, cipher))
+        return Payload(
+            metadata={"encoding": ENCODING, _KEY_ID: kid.encode(), _CIPHER: cipher},
+            data=nonce + sealed,
+        )
+
+    def _decrypt(self, payload: Payload) -> Payload:
+        if payload.metadata.get("encoding") != ENCODING:
+            return payload  # sent before encryption was on, or by a process without it
+        kid = payload.metadata.get(_KEY_ID, b"").decode(errors="replace")
+        cipher = payload.metadata.get(_CIPHER, _AES)
+        if cipher not in (_AES, _AES_ZLIB):
+            raise EncryptionKeyError(
+                f"a payload encrypted with key {kid[:40]!r} names cipher "
+                f"{cipher[:40].decode(errors='replace')!r}, which durably does not know: "
+                "it was made by another codec, or a newer durably",
+                kid,
+            )
+        aes = self.keys.cipher(kid)
+        nonce, sealed = payload.data[:_NONCE_BYTES], payload.data[_NONCE_BYTES:]
+        try:
+            plain = aes.decrypt(nonce, sealed, _associated(kid, cipher))
+        except InvalidTag:
+            raise EncryptionKeyError(
+                f"a payload encrypted with key {kid[:40]!r} does not decrypt with the key "
+                "of that id held here: the key under that id was replaced (key ids must "
+                "never be reused for new material), or the payload was altered",
+                kid,
+            ) from None
+        if cipher == _AES_ZLIB:
+            plain = zlib.decompress(plain)
+        return Payload.FromString(plain)
+
+
+def _associated(kid: str, cipher: bytes) -> bytes:
+    """What the tag also covers: the metadata stored in clear, so none can be swapped."""
+    return b"durably-codec-v1\x00" + kid.encode() + b"\x00" + cipher

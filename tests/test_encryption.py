@@ -1,0 +1,278 @@
+"""Encrypted payloads (`durably.codec`): the server never holds customer data in clear,
+and keys rotate without a run losing anything."""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from google.protobuf.message import Message
+from pydantic import BaseModel
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    DurableClient,
+    DurableRuntime,
+    ModelRequest,
+    RunStatus,
+    ScriptedModel,
+    ToolContext,
+    ToolRetry,
+    tool,
+)
+from durably.codec import (
+    ENCODING,
+    ENV_KEYS,
+    EncryptionCodec,
+    EncryptionKeyError,
+    EncryptionKeys,
+)
+from durably.contract import RESPOND_SIGNAL, RespondRequest
+from durably.dev import DevServer
+from durably.errors import DurablyError
+from durably.messages import AssistantMessage
+from durably.models import last_tool_results, tool_call
+from durably.tools import question_tool
+
+from .conftest import asker, eventually, wait_for_status
+
+KEY_A, KEY_B = os.urandom(32), os.urandom(32)
+
+
+def codec(*keys: tuple[str, bytes]) -> EncryptionCodec:
+    return EncryptionCodec(EncryptionKeys(dict(keys)))
+
+
+class Order(BaseModel):
+    order: str
+
+
+def leaky(marker: str) -> AgentRegistration:
+    """An agent whose every kind of data carries `marker`: the tool's arguments, a first
+    attempt's exception, its result, the customer's answer and the model's text."""
+    attempts: list[str] = []
+
+    @tool
+    async def lookup(args: Order, ctx: ToolContext) -> str:
+        """Look an order up."""
+        attempts.append(args.order)
+        if len(attempts) == 1:
+            raise RuntimeError(f"{marker}-exception: the order system hiccuped")
+        return f"{marker}-result for {args.order}"
+
+    def done(request: ModelRequest) -> AssistantMessage:
+        seen = " / ".join(r.content for r in last_tool_results(request))
+        return AssistantMessage(content=f"{marker}-model text, after {seen}")
+
+    agent = Agent(
+        id="leaky",
+        model=ScriptedModel(
+            [
+                tool_call("lookup", order=f"{marker}-args"),
+                tool_call("ask", question="Which address?"),
+                done,
+            ]
+        ),
+        instructions="",
+        tools=[lookup, question_tool(name="ask", description="Ask the customer.")],
+    )
+    return AgentRegistration(
+        agent,
+        version="1",
+        tool_recovery={"lookup": "safe"},
+        tool_retry=ToolRetry(max_attempts=3, initial_delay_ms=1, max_delay_ms=1),
+    )
+
+
+def database_holds(db: Path, text: str) -> bool:
+    """Whether the server's SQLite files (the database and its journal) hold `text`."""
+    needle = text.encode()
+    return any(needle in f.read_bytes() for f in db.parent.glob(db.name + "*") if f.is_file())
+
+
+class TestNothingInClear:
+    async def test_no_customer_data_reaches_the_servers_database(
+        self, dev_server: DevServer
+    ) -> None:
+        secret, clear = f"SECRET{uuid.uuid4().hex}", f"CLEAR{uuid.uuid4().hex}"
+        await dev_server.start()
+        try:
+            encrypted = DurableClient(
+                dev_server.client, task_queue="encrypted", encryption=codec(("a", KEY_A))
+            )
+            plain = DurableClient(dev_server.client, task_queue="plain")
+            async with (
+                await DurableRuntime.open(client=encrypted, agents=[leaky(secret)]) as one,
+                await DurableRuntime.open(client=plain, agents=[leaky(clear)]) as two,
+            ):
+                await one.resume()
+                await two.resume()
+                runs = [
+                    await c.start_run("leaky", f"{m}-input: where is my order?")
+                    for c, m in ((encrypted, secret), (plain, clear))
+                ]
+                for run, marker in zip(runs, (secret, clear), strict=True):
+                    snapshot = await wait_for_status(run, RunStatus.WAITING)
+                    assert snapshot.interaction is not None
+                    await run.answer(snapshot.interaction.id, f"{marker}-answer: 1 Main St")
+                results = [await run.result() for run in runs]
+                snapshot = await runs[0].snapshot()
+        finally:
+            await dev_server.stop()
+
+        # The worker and the client read everything decoded...
+        assert results[0].output == (f"{secret}-model text, after {secret}-answer: 1 Main St")
+        shown = snapshot.model_dump_json()
+        assert f"{secret}-answer" in shown
+        assert f"{secret}-model" in (snapshot.output or "")
+        # ...the server holds none of it; the same run unencrypted shows the check can see.
+        for kind in ("input", "args", "exception", "result", "answer", "model"):
+            assert database_holds(dev_server.db, f"{clear}-{kind}"), kind
+        assert not database_holds(dev_server.db, secret)
+
+
+class TestKeyRotation:
+    async def test_runs_go_on_across_a_rotation_and_wait_for_a_removed_key(
+        self, env: WorkflowEnvironment, task_queue: str
+    ) -> None:
+        under_a = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
+        rotated = codec(("b", KEY_B), ("a", KEY_A))
+        operator = DurableClient(env.client, task_queue=task_queue, encryption=rotated)
+
+        # Two runs start under key A and wait for an answer.
+        async with await DurableRuntime.open(client=under_a, agents=[asker()]) as runtime:
+            await runtime.resume()
+            first, second = [await under_a.start_run("asker", "where?") for _ in range(2)]
+            for run in (first, second):
+                asked = await wait_for_status(run, RunStatus.WAITING)
+        assert asked.interaction is not None
+
+        # B becomes the active key, A is kept: the first run completes, under B from now.
+        async with await DurableRuntime.open(client=operator, agents=[asker()]) as runtime:
+            await runtime.resume()
+            handle = await operator.get_run(first.run_id)
+            waiting = await wait_for_status(handle, RunStatus.WAITING)
+            assert waiting.interaction is not None
+            await handle.answer(waiting.interaction.id, "order 7")
+            assert "order 7" in ((await handle.result()).output or "")
+        keys = await key_ids(operator, first.run_id)
+        assert keys[0] == "a" and keys[-1] == "b"
+
+        # A is removed: the second run's workflow task fails naming it, and retries.
+        only_b = DurableClient(env.client, task_queue=task_queue, encryption=codec(("b", KEY_B)))
+        async with await DurableRuntime.open(client=only_b, agents=[asker()]) as runtime:
+            await runtime.resume()
+            with pytest.raises(DurablyError, match="key 'a', which this process does not hold"):
+                await (await operator.get_run(second.run_id)).snapshot()
+            await answer_by_signal(operator, second.run_id, asked.interaction.id, "order 8")
+
+            async def refused() -> bool:
+                return bool(await task_failures(operator, second.run_id))
+
+            await eventually(refused)
+        (failure,) = await task_failures(operator, second.run_id)
+        assert "key 'a', which this process does not hold" in failure
+        assert ENV_KEYS in failure
+
+        # A is back: the same run goes on, with its answer, nothing lost.
+        async with await DurableRuntime.open(client=operator, agents=[asker()]) as runtime:
+            await runtime.resume()
+            result = await (await operator.get_run(second.run_id)).result()
+        assert "order 8" in (result.output or "")
+
+
+async def key_ids(client: DurableClient, run_id: str) -> list[str]:
+    """The key id of each encrypted payload in the run's history, in order."""
+    history = await client.temporal.get_workflow_handle(run_id).fetch_history()
+    return [
+        p.metadata["encryption-key-id"].decode()
+        for event in history.events
+        for p in encrypted_payloads(event)
+    ]
+
+
+def encrypted_payloads(message: Message) -> list[Payload]:
+    """Every encrypted payload anywhere inside `message`."""
+    if isinstance(message, Payload):
+        return [message] if message.metadata.get("encoding") == ENCODING else []
+    found: list[Payload] = []
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            items = list(value.values())
+        elif isinstance(value, Message):
+            items = [value]
+        else:
+            items = list(value)
+        for item in items:
+            if isinstance(item, Message):
+                found += encrypted_payloads(item)
+    return found
+
+
+async def answer_by_signal(
+    client: DurableClient, run_id: str, interaction_id: str, text: str
+) -> None:
+    """Answer through the signal: an update would wait on a worker that cannot decode."""
+    request = RespondRequest(
+        interaction_id=interaction_id, response={"type": "question", "answer": text}
+    )
+    await client.temporal.get_workflow_handle(run_id).signal(RESPOND_SIGNAL, request)
+
+
+async def task_failures(client: DurableClient, run_id: str) -> list[str]:
+    """Why the run's workflow tasks failed, decoded (the message is encrypted too)."""
+    history = await client.temporal.get_workflow_handle(run_id).fetch_history()
+    converter = client.temporal.data_converter
+    return [
+        str(await converter.decode_failure(e.workflow_task_failed_event_attributes.failure))
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+    ]
+
+
+class TestCodec:
+    async def test_a_payload_round_trips_and_names_its_key(self) -> None:
+        original = Payload(metadata={"encoding": b"json/plain"}, data=b'"hello"')
+        for compress in (False, True):
+            c = EncryptionCodec(EncryptionKeys({"k1": KEY_A}), compress=compress)
+            (sealed,) = await c.encode([original])
+            assert sealed.metadata["encoding"] == ENCODING
+            assert sealed.metadata["encryption-key-id"] == b"k1"
+            assert b"hello" not in sealed.data
+            assert await c.decode([sealed]) == [original]
+
+    async def test_an_unknown_key_or_a_replaced_one_is_an_error_never_garbage(self) -> None:
+        (sealed,) = await codec(("old", KEY_A)).encode([Payload(data=b"x")])
+        with pytest.raises(
+            EncryptionKeyError, match="key 'old', which this process does not hold"
+        ) as err:
+            await codec(("new", KEY_B)).decode([sealed])
+        assert err.value.key_id == "old"
+        with pytest.raises(EncryptionKeyError, match="does not decrypt with the key of that id"):
+            await codec(("old", KEY_B)).decode([sealed])
+
+    async def test_a_payload_not_encrypted_decodes_as_it_is(self) -> None:
+        plain = Payload(metadata={"encoding": b"json/plain"}, data=b"1")
+        assert await codec(("a", KEY_A)).decode([plain]) == [plain]
+
+    def test_keys_come_from_the_environment_or_a_file_never_code(self, tmp_path: Path) -> None:
+        line = f"k2:{base64.b64encode(KEY_B).decode()},k1:{base64.b64encode(KEY_A).decode()}"
+        keys = EncryptionKeys.from_env({ENV_KEYS: line})
+        assert keys is not None and keys.key_ids == ("k2", "k1")
+        assert "KEY" not in repr(keys) and base64.b64encode(KEY_B).decode() not in repr(keys)
+        path = tmp_path / "keys"
+        path.write_text(f"# rotated 2026-12\n{line.replace(',', chr(10))}\n")
+        from_file = EncryptionKeys.from_env({"DURABLY_ENCRYPTION_KEYS_FILE": str(path)})
+        assert from_file is not None and from_file.active_key_id == "k2"
+        assert EncryptionKeys.from_env({}) is None
+        with pytest.raises(DurablyError, match="has 16 bytes; use exactly 32"):
+            EncryptionKeys({"short": os.urandom(16)})
