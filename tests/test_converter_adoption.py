@@ -198,6 +198,17 @@ class TestTheUsersConverterStays:
         with pytest.raises(DurablyError, match="already encodes payloads with"):
             DurableClient(temporal, encryption=codec)
 
+    def test_the_same_keys_read_twice_are_one_codec(self, env: WorkflowEnvironment) -> None:
+        """A client and a runtime each build a codec from the environment: not two codecs."""
+        first = DurableClient(
+            env.client, encryption=EncryptionCodec(EncryptionKeys({"k1": bytes(32)}))
+        )
+        again = EncryptionCodec(EncryptionKeys({"k1": bytes(32)}))
+        assert DurableClient(first.temporal, encryption=again).temporal is first.temporal
+        rotated = EncryptionCodec(EncryptionKeys({"k2": bytes(32), "k1": bytes(32)}))
+        with pytest.raises(DurablyError, match="already encodes payloads with"):
+            DurableClient(first.temporal, encryption=rotated)
+
 
 class TestFailuresUnderEncryption:
     def test_encryption_encodes_failure_messages_too(self, env: WorkflowEnvironment) -> None:

@@ -57,7 +57,7 @@ def durable_converter(
             "converter from it (or leave the default, which durably replaces)"
         )
     codec = base.payload_codec
-    if encryption is not None and codec is not encryption:
+    if encryption is not None and codec != encryption:
         if codec is not None:
             raise DurablyError(
                 f"the client already encodes payloads with {codec!r}; durably will not put "

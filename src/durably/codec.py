@@ -49,6 +49,7 @@ __all__ = [
     "ENCODING",
     "ENV_KEYS",
     "ENV_KEYS_FILE",
+    "KEY_ID_METADATA",
     "EncryptionCodec",
     "EncryptionKeyError",
     "EncryptionKeys",
@@ -59,7 +60,8 @@ ENV_KEYS_FILE = "DURABLY_ENCRYPTION_KEYS_FILE"
 ENCODING = b"binary/encrypted"
 """The `encoding` metadata of an encrypted payload (the name Temporal's samples use)."""
 
-_KEY_ID = "encryption-key-id"
+KEY_ID_METADATA = "encryption-key-id"
+"""The metadata key naming an encrypted payload's key (stored in clear)."""
 _CIPHER = "durably-cipher"
 _AES = b"aes256gcm"
 _AES_ZLIB = b"aes256gcm+zlib"
@@ -101,6 +103,15 @@ class EncryptionKeys:
 
     def __repr__(self) -> str:  # never the key material
         return f"EncryptionKeys({', '.join(self._keys)})"
+
+    def __eq__(self, other: object) -> bool:
+        """The same keys in the same order (the same active key): codecs built from the
+        environment twice, by a client and a worker, are one codec."""
+        if not isinstance(other, EncryptionKeys):
+            return NotImplemented
+        return list(self._keys.items()) == list(other._keys.items())
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def key_ids(self) -> tuple[str, ...]:
@@ -148,6 +159,13 @@ class EncryptionCodec(PayloadCodec):
     def __repr__(self) -> str:
         return f"EncryptionCodec({self.keys!r}, compress={self.compress})"
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EncryptionCodec):
+            return NotImplemented
+        return self.keys == other.keys and self.compress == other.compress
+
+    __hash__ = None  # type: ignore[assignment]
+
     @classmethod
     def from_env(
         cls, environ: Mapping[str, str] | None = None, *, compress: bool = False
@@ -175,14 +193,14 @@ class EncryptionCodec(PayloadCodec):
         nonce = os.urandom(_NONCE_BYTES)
         sealed = self.keys.cipher(kid).encrypt(nonce, plain, _associated(kid, cipher))
         return Payload(
-            metadata={"encoding": ENCODING, _KEY_ID: kid.encode(), _CIPHER: cipher},
+            metadata={"encoding": ENCODING, KEY_ID_METADATA: kid.encode(), _CIPHER: cipher},
             data=nonce + sealed,
         )
 
     def _decrypt(self, payload: Payload) -> Payload:
         if payload.metadata.get("encoding") != ENCODING:
             return payload  # sent before encryption was on, or by a process without it
-        kid = payload.metadata.get(_KEY_ID, b"").decode(errors="replace")
+        kid = payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace")
         cipher = payload.metadata.get(_CIPHER, _AES)
         if cipher not in (_AES, _AES_ZLIB):
             raise EncryptionKeyError(

@@ -13,6 +13,10 @@ the worker still drains; a server left behind holds the port and the SQLite
 file, so the next `durably dev` fails. Here the server runs in its own
 process group, is stopped after the worker (SIGTERM to the group, then
 SIGKILL after a timeout), and on Linux is also killed if its parent dies.
+
+`durably dev --encrypt` keeps its encryption key in `dev_key_file`, beside
+the database, for as long as the database: runs encrypted with a key that
+is gone cannot be read again.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import socket
 import subprocess
 import sys
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -35,20 +40,25 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from durably._search_attributes import register_missing
+from durably.codec import EncryptionKeys
 from durably.contract import SEARCH_ATTRIBUTES
 from durably.errors import DevServerError
 
 __all__ = [
     "DEFAULT_DB",
+    "DEV_KEY_FILE",
     "DEV_SERVER_ARGS",
     "DevServer",
     "DevServerError",
+    "dev_key_file",
     "die_with_parent",
     "find_temporal",
     "signal_group",
 ]
 
 DEFAULT_DB = Path(".durably") / "temporal.db"
+DEV_KEY_FILE = "encryption-keys"
+"""The name of `durably dev --encrypt`'s key file, beside the database."""
 # What every durably dev server runs with: the stock value holds each
 # workflow task of a lone run for ~40 ms.
 DEV_SERVER_ARGS = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000")
@@ -73,6 +83,8 @@ class DevServer:
     `start()` returns once a client can connect and the search attributes
     exist; `stop()` terminates the server's process group and waits for it.
     Its output goes to `log_path` (default: the database path with `.log`).
+    With `ui_codec_endpoint` (a `durably.codec_server`), the Web UI decodes
+    encrypted payloads through it.
     """
 
     def __init__(
@@ -84,6 +96,7 @@ class DevServer:
         ip: str = "127.0.0.1",
         binary: str | None = None,
         log_path: str | os.PathLike[str] | None = None,
+        ui_codec_endpoint: str | None = None,
     ) -> None:
         for what, value in (("port", port), ("ui_port", ui_port)):
             if not 0 < value < 65536:
@@ -96,6 +109,7 @@ class DevServer:
         self.ip = ip
         self.namespace = "default"
         self.log_path = Path(log_path) if log_path is not None else self.db.with_suffix(".log")
+        self.ui_codec_endpoint = ui_codec_endpoint
         self._binary = binary
         self._proc: asyncio.subprocess.Process | None = None
         self._client: Client | None = None
@@ -144,6 +158,8 @@ class DevServer:
             args += [flag, str(chosen)]
         for key in SEARCH_ATTRIBUTES:
             args += ["--search-attribute", f"{key.name}=Keyword"]
+        if self.ui_codec_endpoint is not None:
+            args += ["--ui-codec-endpoint", self.ui_codec_endpoint]
         args += DEV_SERVER_ARGS
         return [*args, "--log-level", "warn"]
 
@@ -244,9 +260,9 @@ class DevServer:
                     if not registered:  # once: the namespace answers, the attributes exist
                         await register_missing(client)
                         registered = True
-                    if await _accepts(self.ip, self.ui_port):
+                    if await _answers(f"{self.ui_url}/api/v1/namespaces/{self.namespace}"):
                         return client
-                    last_error = f"the Web UI port {self.ui_port} never accepted a connection"
+                    last_error = f"the Web UI on port {self.ui_port} never answered"
             except (RuntimeError, RPCError, TimeoutError) as err:
                 last_error = str(err)
             await asyncio.sleep(0.1)
@@ -258,6 +274,36 @@ class DevServer:
             return f"Its log ({self.log_path}) could not be read."
         tail = "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty)"
         return f"Last lines of its log ({self.log_path}):\n{tail}"
+
+
+def dev_key_file(state_dir: str | os.PathLike[str], *, create: bool = True) -> Path | None:
+    """The dev server's encryption key file in `state_dir`, made (mode 0600) if missing.
+
+    The key outlives the process on purpose: the dev server's database keeps
+    what was encrypted with it, and a new key would leave those runs
+    unreadable. None when the file is missing and `create` is false.
+    """
+    path = Path(state_dir) / DEV_KEY_FILE
+    if path.exists():
+        return path
+    if not create:
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path  # another `durably dev` made it a moment ago
+    except OSError as err:
+        raise DevServerError(
+            f"cannot create the dev encryption key file {path} ({err.strerror}); pick a "
+            "writable --db, or set DURABLY_ENCRYPTION_KEYS"
+        ) from None
+    with os.fdopen(fd, "w") as file:
+        file.write(
+            "# durably dev's encryption key: keep it while the database beside it holds runs\n"
+            f"dev:{EncryptionKeys.generate_key()}\n"
+        )
+    return path
 
 
 def _free_port(host: str, taken: set[int]) -> int:
@@ -280,6 +326,21 @@ async def _accepts(host: str, port: int) -> bool:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return True
+
+
+async def _answers(url: str) -> bool:
+    """Whether `url` answers 200. The Web UI's port accepts connections a second
+    before its API can reach the server (it redials the gRPC port it found closed
+    at its start), and a page opened then shows "500 Internal Error" until reloaded."""
+
+    def get() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:  # HTTPError (503 while it redials) and refused connections
+            return False
+
+    return await asyncio.to_thread(get)
 
 
 def _open_log(path: Path) -> int:

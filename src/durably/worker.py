@@ -365,22 +365,36 @@ async def run_worker(
     stop: asyncio.Event | None = None,
     transcript_cache_bytes: int | None = None,
     strict_versions: bool = False,
+    client: DurableClient | None = None,
+    encryption: EncryptionCodec | None = None,
 ) -> None:
     """Host the registrations at `agents` until `stop` is set (or forever).
 
-    `profile`, `transcript_cache_bytes` and `strict_versions` are `DurableRuntime.open`'s.
+    `profile`, `transcript_cache_bytes`, `strict_versions`, `client` and
+    `encryption` are `DurableRuntime.open`'s.
+
+    .. versionchanged:: Unreleased
+       The `client` and `encryption` keywords.
     """
     runtime = await DurableRuntime.open(
         target,
         namespace,
         task_queue,
         agents=load_registrations(agents),
+        client=client,
         profile=profile,
         transcript_cache_bytes=transcript_cache_bytes,
         strict_versions=strict_versions,
+        encryption=encryption,
     )
     await runtime.resume()  # checks the namespace before saying so
-    _log.info("worker started", task_queue=task_queue, agents=runtime.registry.describe())
+    encrypted = runtime.client.temporal.data_converter.payload_codec
+    _log.info(
+        "worker started",
+        task_queue=runtime.client.task_queue,
+        agents=runtime.registry.describe(),
+        encrypted=isinstance(encrypted, EncryptionCodec),
+    )
     await runtime.serve(stop or asyncio.Event())
 
 

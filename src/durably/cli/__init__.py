@@ -12,6 +12,8 @@
     durably inbox                        what waits for a person, across all runs
     durably approve RUN --as NAME        approve the pending tool call (deny: --reason)
     durably approval-key                 a new key for signed approvals
+    durably encryption-key               a new key for encrypted payloads
+    durably codec-server                 decode encrypted runs for the Web UI and `temporal`
     durably answer RUN TEXT --as NAME    answer the pending question
     durably resolve RUN OP --json V      supply an interrupted tool call's real result
     durably retry RUN                    run a failed run's failed operation again
@@ -22,12 +24,15 @@
 default to the standard `TEMPORAL_ADDRESS` / `TEMPORAL_NAMESPACE` environment
 variables and Temporal config file (its profile `--profile`, else
 `$TEMPORAL_PROFILE`, else `default`), else `localhost:7233` and `default`. A
-`DurablyError` prints its message in red and exits with status 1.
+`DurablyError` prints its message in red and exits with status 1. Every
+command that connects encrypts and decrypts payloads with the keys in
+`DURABLY_ENCRYPTION_KEYS` (or `DURABLY_ENCRYPTION_KEYS_FILE`), if set.
 
 One job per module: `_connection` (the connection options, declared once, and
 how an `async def` becomes a command), `_agents` (where `--agents module:attr`
 is imported from), `_operate` (commands that change runs), `_read` (commands
 that read and render them), `_serve` (worker, dev server, approval keys),
+`_codec` (the codec server, encryption keys),
 `_setup` (a namespace's search attributes), `_versions` (the versions runs
 need), `_terminal` (what reaches the terminal).
 """
@@ -41,7 +46,7 @@ import sys
 
 import typer
 
-from durably.cli import _operate, _read, _serve, _setup, _versions
+from durably.cli import _codec, _operate, _read, _serve, _setup, _versions
 from durably.cli._connection import connection_options
 
 __all__ = ["app", "main"]
@@ -68,6 +73,8 @@ app.command()(_operate.approve)
 app.command()(_operate.deny)
 app.command()(_operate.answer)
 app.command("approval-key")(_serve.approval_key)
+app.command("encryption-key")(_codec.encryption_key)
+app.command("codec-server")(_codec.codec_server)
 app.command()(_read.inbox)
 app.command()(_versions.versions)
 runs_app.command("list")(_read.runs_list)

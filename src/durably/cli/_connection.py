@@ -14,20 +14,37 @@ options win over the app's). Unset, they default to `TEMPORAL_ADDRESS` /
 `TEMPORAL_NAMESPACE` and the Temporal config file's profile (`--profile`, else
 `$TEMPORAL_PROFILE`, else `default`: address, namespace, TLS, API key), else
 `localhost:7233` and `default` (`DurableClient.connect` decides).
+
+Every command that connects encrypts with the keys in `DURABLY_ENCRYPTION_KEYS`
+(or the file `DURABLY_ENCRYPTION_KEYS_FILE` names, see `durably.codec`), so it
+reads and answers encrypted runs. Without keys, an encrypted payload it reads
+fails with a message naming the payload's key and the variable to set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client
+from temporalio.converter import PayloadCodec
 
 from durably.cli._terminal import run
 from durably.client import DurableClient, RunHandle
+from durably.codec import (
+    ENCODING,
+    ENV_KEYS,
+    ENV_KEYS_FILE,
+    KEY_ID_METADATA,
+    EncryptionCodec,
+    EncryptionKeyError,
+)
 from durably.contract import DEFAULT_TASK_QUEUE
 
 Target = Annotated[
@@ -70,13 +87,47 @@ class Connection:
     profile: str | None = None
 
     async def client(self, task_queue: str = DEFAULT_TASK_QUEUE) -> DurableClient:
-        return await DurableClient.connect(
-            self.target, self.namespace, task_queue, profile=self.profile
+        """A client of the cluster, with the encryption keys in the environment, if any.
+
+        Without keys, an encrypted payload it reads fails with an
+        `EncryptionKeyError` naming its key and the variable to set, instead of
+        the payload converter's "Unknown payload encoding" traceback.
+        """
+        codec = EncryptionCodec.from_env()
+        durable = await DurableClient.connect(
+            self.target, self.namespace, task_queue, profile=self.profile, encryption=codec
         )
+        if codec is not None:
+            return durable
+        config = durable.temporal.config()
+        config["data_converter"] = dataclasses.replace(
+            config["data_converter"], payload_codec=_NoKeys()
+        )
+        return DurableClient(Client(**config), task_queue=task_queue)
 
     async def get_run(self, run_id: str) -> RunHandle:
         """The run named on the command line."""
         return await (await self.client()).get_run(run_id)
+
+
+class _NoKeys(PayloadCodec):
+    """The codec of a command run without keys: sends payloads as they are, and
+    names the key (and where to set it) of an encrypted payload it reads."""
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        for payload in payloads:
+            if payload.metadata.get("encoding") == ENCODING:
+                kid = payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace")[:40]
+                raise EncryptionKeyError(
+                    f"this run's payloads are encrypted with key {kid!r}, and no encryption "
+                    f"key is set here: set {ENV_KEYS} (or {ENV_KEYS_FILE}) to the keys its "
+                    "workers use",
+                    kid,
+                )
+        return list(payloads)
 
 
 def connection_options(

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shlex
 import shutil
 import signal
 import sys
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -29,6 +31,8 @@ from durably.cli._agents import import_from_cwd
 from durably.cli._connection import Connection, TaskQueue, command
 from durably.cli._terminal import clip, console, err_console, safe
 from durably.client import DurableClient, RunHandle
+from durably.codec import ENV_KEYS, ENV_KEYS_FILE, EncryptionCodec
+from durably.codec_server import DEFAULT_PORT, CodecServer
 from durably.contract import (
     DEFAULT_TASK_QUEUE,
     SA_AGENT,
@@ -41,7 +45,7 @@ from durably.contract import (
     RunSnapshot,
     RunStatus,
 )
-from durably.dev import DEFAULT_DB, DevServer
+from durably.dev import DEFAULT_DB, DevServer, dev_key_file
 from durably.errors import DurablyError
 
 T = TypeVar("T")
@@ -87,22 +91,35 @@ async def worker(
             "or define differently (otherwise: a warning per version).",
         ),
     ] = False,
+    encrypt: Annotated[
+        bool,
+        typer.Option(
+            "--encrypt",
+            help=f"Refuse to start without an encryption key (${ENV_KEYS} or "
+            f"${ENV_KEYS_FILE}). With a key set, the worker encrypts either way.",
+        ),
+    ] = False,
 ) -> None:
     """Host the agents at `module:attr` until Ctrl-C or SIGTERM, then drain and exit.
 
     Signed approvals are checked with the keys in $DURABLY_APPROVAL_KEYS (or the
-    file $DURABLY_APPROVAL_KEYS_FILE names). At start, each version unfinished
-    runs pinned that these agents lack or define differently is logged
-    (`durably versions --needed` shows the same).
+    file $DURABLY_APPROVAL_KEYS_FILE names); payloads are encrypted with the keys
+    in $DURABLY_ENCRYPTION_KEYS (or $DURABLY_ENCRYPTION_KEYS_FILE). At start,
+    each version unfinished runs pinned that these agents lack or define
+    differently is logged (`durably versions --needed` shows the same).
     """
     from durably.worker import run_worker
 
+    if encrypt and EncryptionCodec.from_env() is None:
+        raise DurablyError(
+            f"--encrypt: no encryption key is set. Set {ENV_KEYS} (or {ENV_KEYS_FILE}) to "
+            "the keys of this cluster's workers; `durably encryption-key` makes a first one"
+        )
     import_from_cwd()
     await run_worker(
         agents,
-        target=conn.target,
-        namespace=conn.namespace,
-        profile=conn.profile,
+        # Connected as every command connects, with the environment's encryption keys.
+        client=await conn.client(task_queue),
         task_queue=task_queue,
         stop=_stop_on_signals(),
         transcript_cache_bytes=None if cache_mb is None else cache_mb * 2**20,
@@ -133,6 +150,17 @@ async def dev(
             show_default=False,
         ),
     ] = None,
+    encrypt: Annotated[
+        bool,
+        typer.Option(
+            "--encrypt",
+            help=f"Encrypt payloads (with ${ENV_KEYS}, else a key kept beside the database) "
+            "and serve a codec server the Web UI decodes them with.",
+        ),
+    ] = False,
+    codec_port: Annotated[
+        int, typer.Option("--codec-port", help="Port of the codec server (with --encrypt).")
+    ] = DEFAULT_PORT,
 ) -> None:
     """Run a local Temporal dev server and a worker hosting the support-desk example.
 
@@ -148,16 +176,24 @@ async def dev(
     registrations = list(support_desk.registrations)
     for spec in agents or []:
         registrations += load_registrations(spec)
+    codec, key_note = _dev_encryption(db, encrypt=encrypt)
     stop = _stop_on_signals()
-    server = DevServer(db=db, port=port, ui_port=ui_port)
-    console.print(f"Starting the Temporal dev server on {server.address} (database {db}) …")
-    try:
-        temporal = await _until(stop, server.start())
-        if temporal is not None:
-            await _serve(temporal, server, stop, registrations, demo=demo)
-        console.print("Stopping the Temporal dev server …")
-    finally:
-        await server.stop()
+    async with contextlib.AsyncExitStack() as stack:
+        codec_endpoint = None
+        if encrypt:
+            origins = [f"http://{host}:{ui_port}" for host in ("localhost", "127.0.0.1")]
+            codec_server = CodecServer(codec, port=codec_port, cors_origins=origins)
+            codec_endpoint = (await stack.enter_async_context(codec_server)).endpoint
+        server = DevServer(db=db, port=port, ui_port=ui_port, ui_codec_endpoint=codec_endpoint)
+        console.print(f"Starting the Temporal dev server on {server.address} (database {db}) …")
+        try:
+            temporal = await _until(stop, server.start())
+            if temporal is not None:
+                setup = _DevSetup(registrations, codec, key_note)
+                await _serve(temporal, server, stop, setup, demo=demo)
+            console.print("Stopping the Temporal dev server …")
+        finally:
+            await server.stop()
     console.print("Stopped.")
 
 
@@ -180,21 +216,59 @@ def approval_key(
     print(line)
 
 
+@dataclass(frozen=True)
+class _DevSetup:
+    """What `durably dev` hosts, and how it encrypts."""
+
+    registrations: list[AgentRegistration]
+    codec: EncryptionCodec | None
+    key_note: str | None  # where the key comes from, for the banner
+
+
+def _dev_encryption(db: Path, *, encrypt: bool) -> tuple[EncryptionCodec | None, str | None]:
+    """The dev worker's codec and where its key comes from: the environment's keys
+    (with or without --encrypt: the worker must read what they encrypted), else,
+    with --encrypt, the key file beside the database."""
+    codec = EncryptionCodec.from_env()
+    if codec is not None:
+        source = f"${ENV_KEYS}" if os.environ.get(ENV_KEYS) else f"${ENV_KEYS_FILE}"
+        return codec, f"keys {', '.join(codec.keys.key_ids)} from {source}"
+    key_file = dev_key_file(db.parent, create=encrypt)
+    if key_file is None:
+        return None, None
+    if not encrypt:
+        err_console.print(
+            safe(
+                f"Not encrypting: runs this database holds that were encrypted need "
+                f"--encrypt (their key is in {key_file}).",
+                style="yellow",
+            )
+        )
+        return None, None
+    codec = EncryptionCodec.from_env({ENV_KEYS_FILE: str(key_file)})
+    export = f"export {ENV_KEYS_FILE}={shlex.quote(str(key_file.resolve()))}"
+    return codec, f"key file {key_file} (for other durably commands: {export})"
+
+
 async def _serve(
     temporal: Client,
     server: DevServer,
     stop: asyncio.Event,
-    registrations: list[AgentRegistration],
+    setup: _DevSetup,
     *,
     demo: bool,
 ) -> None:
-    """Host `registrations` on `temporal` until `stop`; the worker drains before returning."""
+    """Host the registrations on `temporal` until `stop`; the worker drains before returning."""
     from durably.worker import DurableRuntime
 
-    runtime = await DurableRuntime.open(client=DurableClient(temporal), agents=registrations)
+    runtime = await DurableRuntime.open(
+        client=DurableClient(temporal, encryption=setup.codec),
+        agents=setup.registrations,
+        encryption=setup.codec,
+    )
     try:
         await runtime.resume()
-        _banner(server, runtime.registry.describe())
+        _banner(server, runtime.registry.describe(), setup)
         await _report_unfinished(runtime.client)
         if demo:
             await _until(stop, _demo(runtime.client, server))
@@ -278,8 +352,8 @@ def _how_to_answer(server: DevServer, run_id: str, interaction: Interaction) -> 
     console.print(Text("or with the Temporal CLI:", style="bold"))
     console.print(
         safe(
-            f"  {temporal} workflow signal --workflow-id {run} --name {name}{address} "
-            f"--input {shlex.quote(signal_input)}"
+            f"  {temporal} workflow signal --workflow-id {run} --name {name}{address}"
+            f"{_codec_flag(server)} --input {shlex.quote(signal_input)}"
         )
     )
     console.print(
@@ -292,7 +366,13 @@ def _how_to_answer(server: DevServer, run_id: str, interaction: Interaction) -> 
     console.print(Text(f"  {server.workflows_url(waiting)}"))
 
 
-def _banner(server: DevServer, agents: str) -> None:
+def _codec_flag(server: DevServer) -> str:
+    """What makes the Temporal CLI encrypt what it sends (and decrypt what it shows)."""
+    endpoint = server.ui_codec_endpoint
+    return "" if endpoint is None else f" --codec-endpoint {endpoint}"
+
+
+def _banner(server: DevServer, agents: str, setup: _DevSetup) -> None:
     """What runs where, and how to start a run; plain lines, so commands copy cleanly."""
     from durably.examples.support_desk import AGENT_ID, demo_input_unattended
 
@@ -311,14 +391,18 @@ def _banner(server: DevServer, agents: str) -> None:
         ("Database", f"{server.db} (server log: {server.log_path})"),
         ("Web UI", server.ui_url),
         ("Worker", f"task queue {DEFAULT_TASK_QUEUE}, agents {agents}"),
+        ("Encryption", setup.key_note or "off (--encrypt turns it on)"),
     ):
         console.print(Text.assemble("  ", (f"{name:<17}", "bold"), value))
+    if server.ui_codec_endpoint is not None:
+        codec = f"{server.ui_codec_endpoint} (the Web UI and the Temporal CLI decode with it)"
+        console.print(Text.assemble("  ", (f"{'Codec server':<17}", "bold"), codec))
     console.print(Text("Start a run:", style="bold"))
     console.print(Text(f"  {durably} start {AGENT_ID} '{prompt}'{target} --wait"))
     console.print(
         Text(
             f"  {temporal} workflow start --type {WORKFLOW_TYPE} --task-queue "
-            f"{DEFAULT_TASK_QUEUE}{address} --input '{start_input}'"
+            f"{DEFAULT_TASK_QUEUE}{address}{_codec_flag(server)} --input '{start_input}'"
         )
     )
     console.print(

@@ -1,0 +1,366 @@
+"""A codec server: Temporal's Web UI and CLI show encrypted payloads decoded.
+
+With `durably.codec` on, the server's history holds ciphertext, so the Web
+UI and ``temporal workflow show`` show nothing readable. They can ask an
+HTTP service holding the keys to decode for them (Temporal's "remote codec
+server" protocol): ``POST .../decode`` and ``POST .../encode``, each taking
+and returning ``{"payloads": [...]}``, the protobuf JSON form of
+`temporal.api.common.v1.Payloads`. This module is that service::
+
+    durably codec-server                           # 127.0.0.1:8081, keys from the environment
+    temporal workflow show --workflow-id RUN --codec-endpoint http://127.0.0.1:8081
+
+    async with CodecServer(EncryptionCodec.from_env(), port=8081) as server:
+        ...  # server.endpoint is what to give the UI and the CLI
+
+What it guards against: whoever can reach it can read every payload (and,
+through ``/encode``, write payloads the workers will trust), so it is a
+key holder. Off the loopback interface it refuses to start without a bearer
+token (``Authorization: Bearer TOKEN``, compared in constant time); a
+request without it gets 401 (without a token, a request must be addressed
+to localhost, whatever name resolved there). The Temporal CLI sends one with
+``--codec-auth "Bearer TOKEN"``. The Web UI cannot send a token of your
+choosing: it sends ``Authorization: Bearer <its own login token>`` only when
+"Pass the user access token" is set and the endpoint is HTTPS, and sends
+cookies when "Include cross-origin credentials" is set. So for the Web UI,
+run a codec server on each operator's machine (loopback, no token), or put
+one behind a proxy that authenticates those logins.
+
+Browsers call it from the Web UI's page, so it answers CORS preflights for
+the origins it is given (`cors_origins`: the UI's exact origin, such as
+``http://localhost:8233``), allowing the headers the UI sends
+(``Content-Type``, ``X-Namespace``, ``Authorization``) and credentials. Every
+namespace is decoded with the one codec: ``X-Namespace`` is accepted and
+ignored, as are the path's leading segments (the protocol lets an endpoint
+be mounted at any depth, e.g. ``/{namespace}/decode``). Bodies over
+`MAX_BODY_BYTES` are refused with 413; a payload the codec cannot decode
+(`EncryptionKeyError`: its key is not held here) gets 422 with a JSON error
+naming the key id, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import logging
+import socket
+import urllib.parse
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from types import TracebackType
+
+import uvicorn
+from google.protobuf import json_format
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.converter import PayloadCodec
+
+from durably.codec import ENV_KEYS, ENV_KEYS_FILE, EncryptionKeyError
+from durably.errors import DurablyError
+
+__all__ = [
+    "DEFAULT_PORT",
+    "MAX_BODY_BYTES",
+    "TOKEN_ENV",
+    "CodecServer",
+    "codec_app",
+    "is_loopback",
+]
+
+DEFAULT_PORT = 8081
+"""The port Temporal's codec server samples use."""
+MAX_BODY_BYTES = 8 * 2**20
+"""The largest request body served: above Temporal's 2 MB payload limit, with room
+for a page of history's payloads and their base64."""
+TOKEN_ENV = "DURABLY_CODEC_SERVER_TOKEN"
+"""Where `durably codec-server` reads its bearer token when `--token` is not given."""
+
+_ALLOWED_HEADERS = ("Authorization", "Content-Type", "X-Namespace")
+_log = logging.getLogger("durably.codec_server")
+
+
+def codec_app(
+    codec: PayloadCodec,
+    *,
+    token: str | None = None,
+    cors_origins: Collection[str] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> Starlette:
+    """The ASGI app serving `codec` by Temporal's codec server protocol.
+
+    Args:
+        codec: Encodes and decodes the payloads of every namespace.
+        token: The bearer token every request must carry; None serves anyone
+            who can connect (keep such an app on loopback: `CodecServer` does).
+        cors_origins: The browser origins allowed to call it (the Web UI's).
+        max_body_bytes: Larger request bodies get 413.
+    """
+    if token is not None and not token.strip():
+        raise DurablyError("the codec server's bearer token is empty; give a long random one")
+    if max_body_bytes < 1:
+        raise DurablyError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    for origin in cors_origins:
+        if not _is_origin(origin):
+            raise DurablyError(
+                f"CORS origin {origin!r} is not an origin: give the Web UI's scheme, host "
+                "and port, such as http://localhost:8233 (no path, no '*': credentials "
+                "are allowed, so every origin must be named)"
+            )
+    expected = None if token is None else f"Bearer {token}".encode()
+
+    def endpoint(
+        apply: Callable[[Sequence[Payload]], Awaitable[list[Payload]]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def serve(request: Request) -> Response:
+            refused = _refusal(request, expected)
+            if refused is not None:
+                return refused
+            body = await _read_body(request, max_body_bytes)
+            if isinstance(body, Response):
+                return body
+            try:
+                payloads = json_format.Parse(body, Payloads(), ignore_unknown_fields=True)
+            except json_format.ParseError as err:
+                return _error(
+                    400, f'the body is not {{"payloads": [...]}} in protobuf JSON ({err})'
+                )
+            try:
+                result = Payloads(payloads=await apply(payloads.payloads))
+            except EncryptionKeyError as err:
+                return _error(422, str(err), key_id=err.key_id)
+            except DurablyError as err:
+                return _error(422, str(err))
+            # Built by hand: protobuf's JSON leaves out an empty list, and clients index it.
+            answer = {"payloads": [json_format.MessageToDict(p) for p in result.payloads]}
+            return JSONResponse(answer)
+
+        return serve
+
+    routes = [
+        Route("/{prefix:path}/decode", endpoint(codec.decode), methods=["POST"]),
+        Route("/decode", endpoint(codec.decode), methods=["POST"]),
+        Route("/{prefix:path}/encode", endpoint(codec.encode), methods=["POST"]),
+        Route("/encode", endpoint(codec.encode), methods=["POST"]),
+    ]
+    cors = Middleware(
+        CORSMiddleware,
+        allow_origins=list(cors_origins),
+        allow_methods=["POST"],
+        allow_headers=list(_ALLOWED_HEADERS),
+        allow_credentials=True,
+        # A Web UI served from elsewhere (Temporal Cloud's) calling a codec
+        # server on this machine is what Chrome's private network checks ask about.
+        allow_private_network=True,
+    )
+    return Starlette(routes=routes, middleware=[cors])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on `host` reaches this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: whatever it resolves to, it may be reachable
+
+
+class CodecServer:
+    """`codec_app` served by uvicorn in this event loop, as an async context manager.
+
+    Entering binds the port (a `DurablyError` if it is taken, or if `host` is
+    not loopback and there is no `token`) and starts serving; leaving stops.
+    Signals are left to the caller: uvicorn's own Ctrl-C handling would stop
+    this server alone, while the caller's worker and dev server go on.
+
+    Args:
+        codec: The codec that encodes and decodes; None is refused with the
+            variable to set.
+        host: The interface to listen on; anything but loopback needs `token`.
+        port: The TCP port; 0 picks a free one (read `port` after entering).
+        token: The bearer token requests must carry (see `codec_app`).
+        cors_origins: The Web UI origins allowed to call it from a browser.
+        max_body_bytes: Larger request bodies get 413.
+    """
+
+    def __init__(
+        self,
+        codec: PayloadCodec | None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        token: str | None = None,
+        cors_origins: Collection[str] = (),
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        if codec is None:
+            raise DurablyError(
+                f"the codec server needs the encryption keys: set {ENV_KEYS} (or "
+                f"{ENV_KEYS_FILE}) to the keys the workers use"
+            )
+        if not 0 <= port < 65536:
+            raise DurablyError(f"port must be between 0 and 65535, got {port}")
+        if token is None and not is_loopback(host):
+            raise DurablyError(
+                f"refusing to serve the codec on {host} without a bearer token: anyone who "
+                f"can reach it could read every payload. Set {TOKEN_ENV} (or --token) to a "
+                "long random secret, or listen on 127.0.0.1"
+            )
+        self.app = codec_app(
+            codec, token=token, cors_origins=cors_origins, max_body_bytes=max_body_bytes
+        )
+        self.host = host
+        self.port = port
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The URL to give the Web UI and `temporal --codec-endpoint` on this machine."""
+        here = ("127.0.0.1", "::1", "localhost", "0.0.0.0", "::", "[::]", "")
+        host = "localhost" if self.host in here else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    async def __aenter__(self) -> CodecServer:
+        if self._server is not None:
+            raise DurablyError("this codec server is already started")
+        sock = self._bind()
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,
+            timeout_graceful_shutdown=5,
+        )
+        server = self._server = _QuietServer(config)
+        self._task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if self._task.done():
+                self._server = None
+                await self._task  # raises what stopped it
+                raise DurablyError("the codec server stopped while starting")
+            await asyncio.sleep(0.01)  # uvicorn announces startup with this flag only
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        server, task, self._server, self._task = self._server, self._task, None, None
+        if server is None or task is None:
+            return
+        server.should_exit = True
+        await task
+
+    def _bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host.strip("[]"), self.port))
+            sock.listen(128)
+        except OSError as err:
+            sock.close()
+            raise DurablyError(
+                f"the codec server cannot listen on {self.host}:{self.port} ({err.strerror}); "
+                "stop what uses that port or choose another one"
+            ) from None
+        sock.setblocking(False)
+        return sock
+
+
+class _QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves SIGINT/SIGTERM to the process that runs it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _refusal(request: Request, expected: bytes | None) -> Response | None:
+    """The response refusing a request that may not use the codec (None: it may).
+
+    `expected` is the whole `Authorization` value required, or None for no token.
+    """
+    if expected is None:
+        if _names_loopback(request.headers.get("host", "")):
+            return None
+        return _error(
+            403,
+            "this codec server has no token, so it answers requests addressed to "
+            "localhost only; give it a token to serve it under another name",
+        )
+    if hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
+        return None
+    return _error(
+        401,
+        "missing or wrong bearer token: send `Authorization: Bearer TOKEN` "
+        "(the Temporal CLI: --codec-auth 'Bearer TOKEN')",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes | Response:
+    """The request's body, or the response refusing it (413 past `limit` bytes)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        return _error(400, "the client disconnected before sending the whole body")
+    return b"".join(chunks)
+
+
+def _names_loopback(host_header: str) -> bool:
+    """Whether a request's `Host` names this machine: a page whose own name was made to
+    resolve to 127.0.0.1 (DNS rebinding) must not read what a tokenless server decodes."""
+    host = urllib.parse.urlsplit(f"//{host_header}").hostname or ""
+    return is_loopback(host)
+
+
+def _is_origin(origin: str) -> bool:
+    """Whether `origin` is what a browser sends as `Origin`: scheme, host, port; no more."""
+    parts = urllib.parse.urlsplit(origin)
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.netloc)
+        and origin == f"{parts.scheme}://{parts.netloc}"
+    )
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return _error(413, f"the request body is over {limit} bytes; send fewer payloads at once")
+
+
+def _error(
+    status: int,
+    message: str,
+    *,
+    key_id: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, str] = {"error": message}
+    if key_id is not None:
+        body["key_id"] = key_id
+    _log.warning("codec request refused (%s): %s", status, message)
+    return JSONResponse(body, status_code=status, headers=headers)
