@@ -3,7 +3,7 @@
 Workload (SPEC section 11): N turns, each one model request answering with
 one tool call and one tool call returning the same 2,000 bytes for that turn,
 then a final model request that answers. The model has zero latency, so a
-run is pure orchestration. Implemented four ways, the first twice:
+run is pure orchestration. Implemented four ways, the first two twice:
 
 (a) floor: a hand-written Temporal workflow calling a model activity (input:
     the turn number) and a tool activity; the least any implementation does;
@@ -13,6 +13,9 @@ run is pure orchestration. Implemented four ways, the first twice:
 (b) durably: an `Agent` with a `FunctionModel` and one `safe` tool, run by a
     `DurableRuntime`, started with `DurableClient.start_run` and awaited with
     `run.result()`;
+(b') durably, encrypted: the same with `durably.codec.EncryptionCodec` on the
+    client and the worker, so every payload is AES-256-GCM ciphertext on the
+    server (checked once per invocation in a run's history); judged against (b);
 (c) openai-agents: Temporal's OpenAI Agents integration with a fake
     `Model`/`ModelProvider` and the tool as an activity (`activity_as_tool`);
 (d) pydantic-ai: pydantic-ai's `TemporalDurability` with a `FunctionModel`.
@@ -28,13 +31,16 @@ continue-as-new chain), billable actions per turn (the dev server's Prometheus
 ``action`` counter) and the throughput of C concurrent N=5 runs on one
 worker. durably is also set against both floors: wall time per turn, what a
 run costs besides its turns and what each further turn costs (from N=5 and
-the next N), and throughput.
+the next N), and throughput; encrypted durably (b') is set against (b) the
+same way (target: wall per turn <= 1.15x at N=50).
 
 Run ``python benchmarks/compare.py`` for the full measurement (N = 5, 50 and
-200, throughput at 20, 50 and 200, 500-turn runs of (a), (a') and (b); it
+200, throughput at 20, 50 and 200, 500-turn runs of (a), (a'), (b) and (b'); it
 writes ``docs/benchmarks.md`` and ``docs/benchmarks_history.png``),
 ``--quick`` for a fast check (e.g. ``--quick --only floor floor-unsandboxed
-durably``), or e.g. ``--only durably --turns 500`` for one implementation.
+durably``), e.g. ``--only durably durably-encrypted --turns 5 50 --runs 5``
+for encryption's cost, or e.g. ``--only durably --turns 500`` for one
+implementation.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from _common import (
     fetch_chain,
     free_port,
     history_bytes,
+    page,
     prompt,
     run_main,
 )
@@ -78,6 +85,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from durably import DurableClient, DurableRuntime, DurablyError, RunClosedError, RunHandle
+from durably.codec import ENCODING, EncryptionCodec, EncryptionKeys
 from durably.contract import SEARCH_ATTRIBUTES
 from durably.dev import find_temporal
 
@@ -89,12 +97,14 @@ NOTES_END = "<!-- /notes -->"
 
 FLOOR, DURABLY, OPENAI, PYDANTIC = "floor", "durably", "openai-agents", "pydantic-ai"
 FLOOR_UNSANDBOXED = "floor-unsandboxed"
-IMPLS = (FLOOR, FLOOR_UNSANDBOXED, DURABLY, OPENAI, PYDANTIC)
+ENCRYPTED = "durably-encrypted"
+IMPLS = (FLOOR, FLOOR_UNSANDBOXED, DURABLY, ENCRYPTED, OPENAI, PYDANTIC)
 FLOORS = (FLOOR, FLOOR_UNSANDBOXED)
 LABELS = {
     FLOOR: "(a) raw Temporal (floor)",
     FLOOR_UNSANDBOXED: "(a') raw Temporal, sandbox off",
     DURABLY: "(b) durably",
+    ENCRYPTED: "(b') durably, encrypted",
     OPENAI: "(c) Temporal OpenAI Agents",
     PYDANTIC: "(d) pydantic-ai Temporal",
 }
@@ -106,6 +116,9 @@ TARGET_PER_TURN_UNSANDBOXED = 1.10
 TARGET_THROUGHPUT = 0.95
 TARGET_HISTORY = 1.5
 TARGET_ACTIONS_PER_TURN = 2.0
+# Encrypted durably (b') against durably (b): wall per turn at N=50.
+TARGET_ENCRYPTED_PER_TURN = 1.15
+TARGET_ENCRYPTED_AT = 50
 # Reference figures measured on this workload before (see the issue).
 REFERENCE = {
     OPENAI: "1.4x/2.0x/3.9x per turn at N=5/50/200; 18.5x history bytes at 50 turns; "
@@ -143,6 +156,10 @@ class Implementation:
 
     def is_tool_activity(self, activity_type: str) -> bool:
         raise NotImplementedError
+
+    async def check(self) -> str | None:
+        """Once, before measuring: that this implementation runs as its label says."""
+        return None
 
     def _workflow_id(self, turns: int) -> str:
         return f"bench-{self.key}-{turns}-{uuid.uuid4().hex[:10]}"
@@ -209,13 +226,16 @@ class FloorUnsandboxed(Floor):
 
 class Durably(Implementation):
     key = DURABLY
+    codec: EncryptionCodec | None = None
 
     async def open(self) -> None:
         self.runs: dict[str, RunHandle] = {}
-        self.durable = DurableClient(self.env.client, task_queue=self.task_queue)
+        self.durable = DurableClient(
+            self.env.client, task_queue=self.task_queue, encryption=self.codec
+        )
         self.registrations = {n: durably_registration(n, prefix="bench") for n in self.turns}
         self.runtime = await DurableRuntime.open(
-            client=self.durable, agents=list(self.registrations.values())
+            client=self.durable, agents=list(self.registrations.values()), encryption=self.codec
         )
         await self.runtime.resume()
 
@@ -237,6 +257,53 @@ class Durably(Implementation):
 
     def is_tool_activity(self, activity_type: str) -> bool:
         return activity_type == "durably.tool_call"
+
+    async def check(self) -> str:
+        """A 2-turn run's payloads on the server: ciphertext with the codec, JSON without.
+
+        Its history is read through the environment's plain client, as the
+        server stores it: the run's input and every activity's input and
+        result must carry the codec's encoding (or none may), and the tool's
+        2,000-byte result must (or must not) be absent from the history's bytes.
+        """
+        handle = await self.start(2)
+        if await wait_result(self, handle, 2, limit_s=120) != "ok":
+            raise SystemExit(f"{self.key}: the check run did not complete")
+        (events,) = await fetch_chain(self.env.client, handle.id)
+        payloads = [*events[0].workflow_execution_started_event_attributes.input.payloads]
+        for event in events:
+            kind = event.WhichOneof("attributes")
+            if kind == "activity_task_scheduled_event_attributes":
+                payloads += event.activity_task_scheduled_event_attributes.input.payloads
+            elif kind == "activity_task_completed_event_attributes":
+                payloads += event.activity_task_completed_event_attributes.result.payloads
+        encodings = {p.metadata.get("encoding", b"") for p in payloads}
+        clear = page(1).encode() in b"".join(e.SerializeToString() for e in events)
+        encrypted = self.codec is not None
+        if encrypted != (encodings == {ENCODING}) or encrypted == clear:
+            raise SystemExit(
+                f"{self.key}: expected {'only' if encrypted else 'no'} {ENCODING.decode()} "
+                f"payloads, found encodings {sorted(encodings)} in {len(payloads)} payloads "
+                f"(the tool's result {'in clear' if clear else 'not'} in the history)"
+            )
+        started = events[0].workflow_execution_started_event_attributes.input.payloads[0]
+        return (
+            f"{LABELS[self.key]}: a 2-turn run's start input has encoding "
+            f"`{started.metadata.get('encoding', b'').decode()}`; its {len(payloads)} payloads "
+            f"(start input, activity inputs and results) "
+            f"`{'`, `'.join(sorted(e.decode() for e in encodings))}`; the tool's result is "
+            f"{'readable' if clear else 'nowhere'} in the history's bytes"
+        )
+
+
+class DurablyEncrypted(Durably):
+    """durably with `EncryptionCodec` on the client and the worker (a fresh key per invocation)."""
+
+    key = ENCRYPTED
+
+    async def open(self) -> None:
+        self.codec = EncryptionCodec(EncryptionKeys({"bench": os.urandom(32)}))
+        await super().open()
 
 
 class OpenAIAgents(WorkerImplementation):
@@ -276,6 +343,7 @@ IMPLEMENTATIONS: dict[str, type[Implementation]] = {
     FLOOR: Floor,
     FLOOR_UNSANDBOXED: FloorUnsandboxed,
     DURABLY: Durably,
+    ENCRYPTED: DurablyEncrypted,
     OPENAI: OpenAIAgents,
     PYDANTIC: PydanticAI,
 }
@@ -505,6 +573,8 @@ class Results:
     load: list[tuple[str, tuple[float, float, float]]] = field(default_factory=list)
     commit: str = "?"
     elapsed: float = 0.0
+    # What each implementation's `check()` found (the payloads' encodings).
+    checks: list[str] = field(default_factory=list)
 
     def records(self, impl: str, turns: int) -> list[RunRecord]:
         return self.runs.get((impl, turns), [])
@@ -766,6 +836,42 @@ def floors_rows(res: Results) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def encryption_rows(res: Results) -> tuple[list[str], list[list[str]]]:
+    """Encrypted durably (b') against durably (b): wall per turn, costs, history, throughput.
+
+    As in `floors_rows`, a ratio of wall time or throughput is the median of
+    the rounds' ratios (the two run back to back in each round).
+    """
+    if DURABLY not in res.impls or ENCRYPTED not in res.impls:
+        return [], []
+    shown = [DURABLY, ENCRYPTED]
+    header = ["measure", *(LABELS[i] for i in shown), "encrypted / durably"]
+    rows = []
+    for n in res.all_turns:
+        row = [f"wall per turn, N={n}"]
+        row += ["-" if (w := res.per_turn(i, n)) is None else f"{w * 1000:.1f} ms" for i in shown]
+        rows.append([*row, fmt_ratio(res.per_turn_ratio(ENCRYPTED, n, DURABLY))])
+    splits = [split for i in shown if (split := res.cost_split(i)) is not None]
+    if len(splits) == len(shown):
+        low, high = splits[0].low, splits[0].high
+        for label, values in (
+            (f"each further turn (N={low} to {high})", [x.per_turn for x in splits]),
+            (f"a run besides its turns (from N={low})", [x.fixed for x in splits]),
+        ):
+            row = [label, *(f"{v * 1000:.1f} ms" for v in values)]
+            rows.append([*row, fmt_ratio(ratio(values[1], values[0]) if min(values) > 0 else None)])
+    for n in res.all_turns:
+        sizes = [r.bytes if (r := res.inspected(i, n)) else None for i in shown]
+        if all(x is not None for x in sizes):
+            row = [f"history bytes, N={n}", *(fmt_bytes(x) for x in sizes)]
+            rows.append([*row, fmt_ratio(ratio(sizes[1], sizes[0]))])
+    for c in res.concurrency:
+        row = [f"throughput, {c} runs of N={res.concurrent_turns}"]
+        row += [fmt_rps(res.runs_per_second(i, c)) for i in shown]
+        rows.append([*row, fmt_ratio(res.throughput_ratio(ENCRYPTED, c, DURABLY))])
+    return header, rows
+
+
 def fmt_rps(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} runs/s"
 
@@ -815,6 +921,27 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def target_lines(res: Results) -> list[str]:
     """durably against its targets, with the numbers."""
+    lines = floor_target_lines(res)
+    if DURABLY in res.impls and ENCRYPTED in res.impls:
+        lines.append(encrypted_line(res))
+    return lines
+
+
+def encrypted_line(res: Results) -> str:
+    """Encrypted durably's wall per turn against durably's, judged at N=50."""
+    n = TARGET_ENCRYPTED_AT
+    measured = sorted(set(res.turns_of(DURABLY)) & set(res.turns_of(ENCRYPTED)))
+    shown = ", ".join(
+        f"N={m}: {fmt_ratio(res.per_turn_ratio(ENCRYPTED, m, DURABLY))}" for m in measured
+    )
+    at = res.per_turn_ratio(ENCRYPTED, n, DURABLY) if n in measured else None
+    return f"encrypted wall/turn <= {TARGET_ENCRYPTED_PER_TURN}x durably at N={n}: {shown} -> " + (
+        verdict(at <= TARGET_ENCRYPTED_PER_TURN) if at is not None else f"not measured at N={n}"
+    )
+
+
+def floor_target_lines(res: Results) -> list[str]:
+    """durably against its targets set by the floor."""
     if DURABLY not in res.impls or FLOOR not in res.impls:
         return []
     lines = []
@@ -939,7 +1066,14 @@ def plot(res: Results, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    styles = {FLOOR: "k-", FLOOR_UNSANDBOXED: "k--", DURABLY: "C0-", OPENAI: "C1-", PYDANTIC: "C3-"}
+    styles = {
+        FLOOR: "k-",
+        FLOOR_UNSANDBOXED: "k--",
+        DURABLY: "C0-",
+        ENCRYPTED: "C2--",
+        OPENAI: "C1-",
+        PYDANTIC: "C3-",
+    }
     for impl in res.impls:
         record = res.largest(impl)
         if record is None or not record.curve:
@@ -1081,6 +1215,24 @@ smallest N: at N={res.turns[0]} the latter dominates.
         if f_rows
         else ""
     )
+    e_header, e_rows = encryption_rows(res)
+    checks = "".join(f"\n- {line}" for line in res.checks)
+    encryption_section = (
+        f"""
+### Encrypted durably against durably
+
+(b') is (b) with `durably.codec.EncryptionCodec` (AES-256-GCM, a fresh key per
+invocation, no compression) on its `DurableClient` and its `DurableRuntime`;
+both run in every round, back to back. Before measuring, the history of one
+2-turn run of each, read through a client without the codec (as the server
+stores it), was checked:
+{checks}
+
+{markdown_table(e_header, e_rows)}
+"""
+        if e_rows
+        else ""
+    )
     mid = 50 if 50 in res.turns else max(res.turns)
     b_header, b_rows = actions_by_type_rows(res, mid)
     counts = ", ".join(
@@ -1097,9 +1249,9 @@ section is regenerated whenever the script writes this file.
 One scripted scenario: N turns, each one model request returning one tool call
 and one tool call returning the same 2,000 bytes for that turn, then a final
 model request that answers. The model has zero latency, so a run is pure
-orchestration. Four implementations (the floor twice), each on its own task
-queue and worker in one process, against one Temporal dev server (in memory)
-started with `--dynamic-config-value history.transferProcessorMaxPollRPS=1000`
+orchestration. Four implementations (the floor and durably twice), each on its
+own task queue and worker in one process, against one Temporal dev server (in
+memory) started with `--dynamic-config-value history.transferProcessorMaxPollRPS=1000`
 (the stock value holds each workflow task ~40 ms and makes every system look
 alike); implementations alternate run by run (the order rotates every round):
 
@@ -1111,6 +1263,8 @@ alike); implementations alternate run by run (the order rotates every round):
 - **(b) durably**: an `Agent` with a `FunctionModel` and one `safe` tool, run by
   a `DurableRuntime`, started with `DurableClient.start_run` and awaited with
   `run.result()` (`benchmarks/_impl_durably.py`).
+- **(b') durably, encrypted**: the same, with `durably.codec.EncryptionCodec` on
+  the client and the worker (every payload AES-256-GCM ciphertext on the server).
 - **(c) Temporal's OpenAI Agents integration** (`temporalio.openai_agents`,
   `OpenAIAgentsPlugin`): `Runner.run` in a workflow, a fake `Model` from a
   custom `ModelProvider`, the tool an activity via `activity_as_tool`, tracing
@@ -1163,7 +1317,7 @@ each implementation (log scale; a cross marks a run the server terminated).
 ### Throughput
 
 {markdown_table(t_header, t_rows)}
-{floors_section}
+{floors_section}{encryption_section}
 ### Where the time goes at N={mid}
 
 Milliseconds per turn of one run: the time workers held each kind of task
@@ -1191,10 +1345,12 @@ the history's timestamps), and the rest (the server between tasks, the client).
 . .venv/bin/activate
 pip install -e '.[bench]'               # the comparison's packages
 python benchmarks/compare.py            # full: N = 5, 50, 200, throughput 20, 50 and 200,
-                                        # 3 runs of (a), (a') and (b) at 500 turns; writes this file
+                                        # 3 runs of (a), (a'), (b), (b') at N=500; writes this file
 python benchmarks/compare.py --quick    # N = 5 and 50, 2 runs, throughput 20; prints only
 python benchmarks/compare.py --quick --only floor floor-unsandboxed durably
 python benchmarks/compare.py --only durably --turns 500   # one implementation
+python benchmarks/compare.py --only durably durably-encrypted --turns 5 50 --runs 5
+                                        # encryption's cost: (b') against (b)
 python benchmarks/compare.py --help
 ```
 
@@ -1250,12 +1406,16 @@ async def benchmark(plan: Plan, log: Callable[[str], None]) -> Results:
                 opened.append(impl)
             for impl in impls.values():  # warm up: sandbox imports, first connections
                 await run_once(impl, 2, limit_s=120, meter=None, inspect=False)
+            for impl in impls.values():
+                if (checked := await impl.check()) is not None:
+                    res.checks.append(checked)
+                    log(f"  checked {checked}")
             for n in plan.turns:
                 rounds = plan.runs if n < 200 else min(plan.runs, plan.long_runs)
                 for i in range(rounds):
                     for key in rotated(plan.impls, i):
                         await measure_run(res, impls[key], n, plan, meter, i == 0, log)
-            extra_impls = [k for k in plan.impls if k in (*FLOORS, DURABLY)]
+            extra_impls = [k for k in plan.impls if k in (*FLOORS, DURABLY, ENCRYPTED)]
             for n in plan.extra_turns:
                 for i in range(min(plan.runs, plan.extra_runs)):
                     for key in rotated(extra_impls, i):
@@ -1321,6 +1481,10 @@ def print_results(res: Results) -> None:
     if f_rows:
         print("\ndurably against both floors")
         print(text_table(f_header, f_rows))
+    e_header, e_rows = encryption_rows(res)
+    if e_rows:
+        print("\nencrypted durably (b') against durably (b)")
+        print(text_table(e_header, e_rows))
     for n in res.all_turns:
         header, rows = time_rows(res, n)
         if rows:
@@ -1350,7 +1514,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Plan, bool]:
         "--extra-turns",
         type=int,
         nargs="*",
-        help="3 more runs of (a), (a') and (b) at these N (default 500 on a full run)",
+        help="3 more runs of (a), (a'), (b) and (b') at these N (default 500 on a full run)",
     )
     parser.add_argument("--timeout", type=float, help="seconds per run (default max(120, 2*N))")
     parser.add_argument(
