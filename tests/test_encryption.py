@@ -41,7 +41,7 @@ from durably.messages import AssistantMessage
 from durably.models import last_tool_results, tool_call
 from durably.tools import question_tool
 
-from .conftest import asker, eventually, wait_for_status
+from .conftest import BIN, asker, cli, eventually, wait_for_status
 
 KEY_A, KEY_B = os.urandom(32), os.urandom(32)
 
@@ -124,13 +124,20 @@ class TestNothingInClear:
                     await run.answer(snapshot.interaction.id, f"{marker}-answer: 1 Main St")
                 results = [await run.result() for run in runs]
                 snapshot = await runs[0].snapshot()
+                keys = f"a:{base64.b64encode(KEY_A).decode()}"
+                shown = await cli(
+                    str(BIN / "durably"), "runs", "show", runs[0].run_id,
+                    "--target", dev_server.address,
+                    env={**os.environ, ENV_KEYS: keys},
+                )  # fmt: skip
         finally:
             await dev_server.stop()
 
         # The worker and the client read everything decoded...
         assert results[0].output == (f"{secret}-model text, after {secret}-answer: 1 Main St")
-        shown = snapshot.model_dump_json()
-        assert f"{secret}-answer" in shown
+        assert shown.returncode == 0, shown.stderr
+        assert f"{secret}-model text" in shown.stdout
+        assert f"{secret}-answer" in snapshot.model_dump_json()
         assert f"{secret}-model" in (snapshot.output or "")
         # ...the server holds none of it; the same run unencrypted shows the check can see.
         for kind in ("input", "args", "exception", "result", "answer", "model"):
