@@ -53,6 +53,7 @@ from durably.contract import (
     ACTIVITY_MODEL,
     ACTIVITY_RESTORE,
     ACTIVITY_TOOL,
+    WORKFLOW_TYPE,
     Attention,
     ErrorType,
     LeanToolResult,
@@ -469,7 +470,12 @@ class TestCallId:
 
 
 _HISTORIES = Path(__file__).parent / "histories"
-HISTORIES = {f"{p.parent.name}/{p.stem}": p for p in sorted(_HISTORIES.glob("*/*.json"))}
+# Runs' histories (a session's own history holds no run input or model request).
+HISTORIES = {
+    f"{p.parent.name}/{p.stem}": p
+    for p in sorted(_HISTORIES.glob("*/*.json"))
+    if f'"name": "{WORKFLOW_TYPE}"' in p.read_text()[:4000]
+}
 _MESSAGE = TypeAdapter[Message](Message)
 _CALL = TypeAdapter(ToolCall)
 _INPUTS: dict[str, type[BaseModel]] = {

@@ -7,6 +7,7 @@ those runs in production fails here: guard it with `workflow.patched()`.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,26 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from durably.workflows import AgentRunWorkflow
+from durably.contract import SA_SESSION
+from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
 
 _ROOT = Path(__file__).parent / "histories"
 # By folder: `0.1.0/` was recorded by that release, `<patch id>/` by the code
 # that introduced the patch.
 HISTORIES = {f"{p.parent.name}/{p.stem}": p.read_text() for p in sorted(_ROOT.glob("*/*.json"))}
+
+
+def recorded_id(name: str) -> str:
+    """The workflow id a history ran under, where the workflow's commands depend on it (a
+    session names its runs after itself, and publishes its id as `DurablySession`);
+    else the history's name."""
+    history = WorkflowHistory.from_json(name, HISTORIES[name])
+    started = history.events[0].workflow_execution_started_event_attributes
+    session = started.search_attributes.indexed_fields.get(SA_SESSION.name)
+    if session is None:
+        return name
+    value = json.loads(session.data)
+    return str(value[0] if isinstance(value, list) else value)
 
 
 def test_histories_are_recorded() -> None:
@@ -38,10 +53,10 @@ async def test_recorded_history_replays(name: str, sandboxed: bool) -> None:
     randomness or I/O: the workflow skips the sandbox in production only
     because re-importing it for every run cost a quarter of each workflow task.
     """
-    history = WorkflowHistory.from_json(name, HISTORIES[name])
+    history = WorkflowHistory.from_json(recorded_id(name), HISTORIES[name])
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     replayer = Replayer(
-        workflows=[AgentRunWorkflow],
+        workflows=[AgentRunWorkflow, AgentSessionWorkflow],
         data_converter=pydantic_data_converter,
         unsandboxed_workflow_runner=runner,
     )
@@ -54,7 +69,7 @@ async def test_a_clock_read_in_the_workflow_fails_the_sandboxed_replay(
     """The sandbox pass above can fail: a wall-clock read in the workflow module is caught."""
     leaky_module = _leaky_workflow_module(tmp_path, monkeypatch)
     name = "0.1.0/completed_two_tool_turns"
-    history = WorkflowHistory.from_json(name, HISTORIES[name])
+    history = WorkflowHistory.from_json(recorded_id(name), HISTORIES[name])
 
     unsandboxed = Replayer(
         workflows=[leaky_module.AgentRunWorkflow], data_converter=pydantic_data_converter

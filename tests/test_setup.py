@@ -125,7 +125,7 @@ async def test_a_worker_stops_on_a_namespace_without_the_attributes_until_setup_
     """The worker names what is missing and `durably setup`; setup registers exactly
     those, a second time changes nothing, and the worker then starts."""
     target = target_of(env)
-    # A namespace from before DurablyAgentVersion and DurablyFingerprint existed.
+    # A namespace from before DurablyAgentVersion, DurablyFingerprint and DurablySession existed.
     namespace = await new_namespace(env, "DurablyStatus", "DurablyAgent")
     where = ("--target", target, "--namespace", namespace)
 
@@ -133,7 +133,7 @@ async def test_a_worker_stops_on_a_namespace_without_the_attributes_until_setup_
     assert stopped.returncode == 1, stopped.stdout
     assert (
         f"error: namespace '{namespace}' lacks durably's search attributes "
-        "DurablyAgentVersion, DurablyFingerprint"
+        "DurablyAgentVersion, DurablyFingerprint, DurablySession"
     ) in stopped.stderr
     assert f"Run `durably setup --target {target} --namespace {namespace}`" in stopped.stderr
     assert "worker started" not in stopped.stdout
@@ -141,12 +141,13 @@ async def test_a_worker_stops_on_a_namespace_without_the_attributes_until_setup_
     ns_client = await Client.connect(target, namespace=namespace)
     found = await survey_by_visibility(ns_client)
     assert found is not None
-    assert found.missing == ("DurablyAgentVersion", "DurablyFingerprint")
+    assert found.missing == ("DurablyAgentVersion", "DurablyFingerprint", "DurablySession")
 
     first = await durably("setup", *where)
     assert first.returncode == 0, first.stderr
     assert (
-        f"Registered DurablyAgentVersion, DurablyFingerprint (Keyword) on namespace '{namespace}'"
+        "Registered DurablyAgentVersion, DurablyFingerprint, DurablySession (Keyword) on "
+        f"namespace '{namespace}'"
     ) in first.stdout
     assert f"Already registered on namespace '{namespace}': DurablyStatus, DurablyAgent." in (
         first.stdout
@@ -179,7 +180,10 @@ async def test_setup_refuses_an_attribute_of_another_type(env: WorkflowEnvironme
 
     done = await durably("setup", *where)
     assert done.returncode == 1
-    assert "Registered DurablyAgent, DurablyAgentVersion, DurablyFingerprint" in done.stdout
+    assert (
+        "Registered DurablyAgent, DurablyAgentVersion, DurablyFingerprint, DurablySession"
+        in done.stdout
+    )
     assert f"on namespace '{namespace}', DurablyStatus is Text, where durably needs Keyword" in (
         done.stderr
     )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from durably.agents import Agent, AgentRegistration, ModelRetry, ToolRetry
     from durably.approvals import ApprovalKeys
-    from durably.client import DurableClient, NeededVersion, RunHandle
+    from durably.client import DurableClient, NeededVersion, RunHandle, SessionHandle
     from durably.contract import (
         Answer,
         Approval,
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
         RunSnapshot,
         RunStatus,
         RunSummary,
+        SessionSnapshot,
+        SessionSummary,
         ToolInterrupted,
         VersionIncompatible,
         VersionMissing,
@@ -117,6 +119,9 @@ _EXPORTS = {
     "RunStatus": "durably.contract",
     "RunSummary": "durably.contract",
     "ScriptedModel": "durably.models",
+    "SessionHandle": "durably.client",
+    "SessionSnapshot": "durably.contract",
+    "SessionSummary": "durably.contract",
     "TemporalUnavailableError": "durably.errors",
     "Tool": "durably.tools",
     "ToolCall": "durably.messages",
@@ -180,6 +185,9 @@ __all__ = [
     "RunStatus",
     "RunSummary",
     "ScriptedModel",
+    "SessionHandle",
+    "SessionSnapshot",
+    "SessionSummary",
     "TemporalUnavailableError",
     "Tool",
     "ToolCall",

@@ -34,6 +34,7 @@ __all__ = [
     "ACTIVITY_MODEL",
     "ACTIVITY_PIN",
     "ACTIVITY_RESTORE",
+    "ACTIVITY_RUN_TRANSCRIPT",
     "ACTIVITY_TOOL",
     "ACTIVITY_VERIFY_APPROVAL",
     "CONTROL_CHARACTERS",
@@ -48,19 +49,24 @@ __all__ = [
     "RESPOND_SIGNAL",
     "SA_AGENT",
     "SA_AGENT_VERSION",
+    "SA_SESSION",
     "SA_STATUS",
     "SEARCH_ATTRIBUTES",
+    "SESSION_WORKFLOW_TYPE",
     "WORKFLOW_TYPE",
     "AgentPin",
     "Answer",
     "Approval",
     "ApprovalResponse",
     "Attention",
+    "CloseRequest",
+    "ConversationRef",
     "Denial",
     "ErrorResolution",
     "ErrorType",
     "EventType",
     "Handler",
+    "IfBusy",
     "InboxItem",
     "Interaction",
     "JsonResolution",
@@ -89,7 +95,17 @@ __all__ = [
     "RunSnapshot",
     "RunState",
     "RunStatus",
+    "RunStatusNote",
     "RunSummary",
+    "RunTranscriptRequest",
+    "SessionCarried",
+    "SessionHandler",
+    "SessionInput",
+    "SessionRun",
+    "SessionSnapshot",
+    "SessionSummary",
+    "SubmitAccepted",
+    "SubmitRequest",
     "ToolCallInput",
     "ToolInterrupted",
     "ToolPolicy",
@@ -103,6 +119,7 @@ __all__ = [
 ]
 
 WORKFLOW_TYPE = "AgentRunWorkflow"
+SESSION_WORKFLOW_TYPE = "AgentSessionWorkflow"
 DEFAULT_TASK_QUEUE = "durably"
 # The activity names are fixed: they dispatch through the worker's registry,
 # so renaming a user's function or adding an agent never changes a history.
@@ -111,6 +128,18 @@ ACTIVITY_MODEL = "durably.model_request"
 ACTIVITY_TOOL = "durably.tool_call"
 ACTIVITY_RESTORE = "durably.restore_transcript"
 ACTIVITY_VERIFY_APPROVAL = "durably.verify_approval"
+ACTIVITY_RUN_TRANSCRIPT = "durably.run_transcript"
+
+
+class SessionHandler(StrEnum):
+    """The session workflow's queries and updates, by the names Temporal knows them."""
+
+    SNAPSHOT = "snapshot"  # query -> SessionSnapshot
+    TRANSCRIPT = "transcript"  # query (offset, limit) -> TranscriptPage: the conversation
+    SUBMIT = "submit"  # update SubmitRequest -> SubmitAccepted
+    CLOSE = "close"  # update CloseRequest -> SessionSnapshot
+    # signal RunStatusNote, from the session's own runs: one is failed (or not, again).
+    RUN_STATUS = "run_status"
 
 
 class Handler(StrEnum):
@@ -123,6 +152,8 @@ class Handler(StrEnum):
     RETRY = "retry"  # update RetryRequest -> RetryAccepted
     # The signal a person answers with when updates are out of reach (CLI, Web UI).
     RESPOND_SIGNAL = "respond_signal"
+    # From a run's session: a later submission went ahead of this failed run, which ends.
+    SESSION_ADVANCED = "session_advanced"
 
 
 RESPOND_SIGNAL = Handler.RESPOND_SIGNAL.value  # 0.1.0's name for it; prefer `Handler`
@@ -210,7 +241,9 @@ SA_AGENT_VERSION = SearchAttributeKey.for_keyword("DurablyAgentVersion")
 # The pinned registration's fingerprint, short (see `short_fingerprint`): a
 # starting worker compares it with what it hosts without querying any run.
 SA_FINGERPRINT = SearchAttributeKey.for_keyword("DurablyFingerprint")
-SEARCH_ATTRIBUTES = (SA_STATUS, SA_AGENT, SA_AGENT_VERSION, SA_FINGERPRINT)
+# The session a run belongs to, on the session workflow and on each of its runs.
+SA_SESSION = SearchAttributeKey.for_keyword("DurablySession")
+SEARCH_ATTRIBUTES = (SA_STATUS, SA_AGENT, SA_AGENT_VERSION, SA_FINGERPRINT, SA_SESSION)
 
 Recovery = Literal["manual", "safe", "idempotent"]
 
@@ -291,6 +324,23 @@ class RunStatus(StrEnum):
         return self not in (RunStatus.COMPLETED, RunStatus.CANCELLED)
 
 
+class ConversationRef(_Model):
+    """The conversation before a session's run, by reference: never a copy.
+
+    The session workflow holds the conversation (every earlier run's
+    messages, once) and serves it by its `transcript` query; a run holds
+    this reference and sends it with each model request, and only the
+    model activity reads the messages (its worker's cache, else the
+    query). `digest` proves what it read: the whole transcript digest of
+    the first `length` messages. A run honours one only when Temporal
+    says the session is its parent.
+    """
+
+    session_id: str
+    length: int
+    digest: str
+
+
 class RunInput(_Model):
     """The workflow's input; plain JSON so any Temporal client can start a run.
 
@@ -304,6 +354,8 @@ class RunInput(_Model):
     input: str
     version: str | None = None
     carried: RunState | None = None
+    # Set by the session workflow that starts the run as its child (SPEC section 13).
+    session: ConversationRef | None = None
 
 
 class RetrySpec(_Model):
@@ -386,10 +438,12 @@ class ModelCallInput(_Model):
     # The attempt, from the second on, when the run retries the request itself
     # (`model_retry`): each attempt is an activity of its own, always Temporal's attempt 1.
     attempt: int | None = None
+    # A session's run: the conversation the model reads before the run's own messages.
+    prefix: ConversationRef | None = None
 
     @model_serializer(mode="wrap")
     def _lean(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_nones(handler(self), "attempt")
+        return _without_nones(handler(self), "attempt", "prefix")
 
 
 class ModelCallResult(_Model):
@@ -865,15 +919,18 @@ class InboxItem(_Model):
     operation: str | None = None
     since: datetime | None = None
     next_attempt_at: datetime | None = None
+    # The session the run belongs to (its `DurablySession` search attribute), if any.
+    session_id: str | None = None
 
 
 class RunResult(_Model):
-    """What a completed run returns."""
+    """What a completed run returns (`agent_version`: what it pinned; its session keeps it)."""
 
     run_id: str
     output: str | None
     turns: int
     usage: Usage
+    agent_version: str | None = None
 
 
 class RunSummary(_Model):
@@ -889,6 +946,8 @@ class RunSummary(_Model):
     # attribute); None before the run pins, and for runs pinned by a durably
     # that did not publish it.
     fingerprint: str | None = None
+    # The session the run belongs to (its `DurablySession` search attribute), if any.
+    session_id: str | None = None
 
 
 class RunState(_Model):
@@ -934,6 +993,129 @@ class RunState(_Model):
     # While in `retry_wait`: when the model request's next attempt starts, and its number.
     next_attempt_at: datetime | None = None
     attempt: int | None = None
+    # A session's run: the conversation before it (see `ConversationRef`).
+    session: ConversationRef | None = None
 
 
 RunInput.model_rebuild()
+
+
+# -- sessions (SPEC section 13) ---------------------------------------------------------
+
+IfBusy = Literal["reject", "enqueue", "interrupt"]
+
+
+class SubmitRequest(_Model):
+    """`submit` update input: the next user message of a session's conversation.
+
+    `if_busy` says what to do while the session's latest run is still open:
+    `reject` (refused with `DurableConflictError`, nothing recorded),
+    `enqueue` (it runs after the open run and those queued before it) or
+    `interrupt` (the open run is cancelled; its committed messages stay in
+    the conversation). A failed run never makes the session busy.
+    """
+
+    input: str
+    if_busy: IfBusy = "reject"
+
+
+class SubmitAccepted(_Model):
+    """A submission taken: its run's id (the run starts now, or `queued` after others)."""
+
+    run_id: str
+    queued: bool = False
+
+
+class CloseRequest(_Model):
+    """`close` update input: end the session once its open and queued runs are done."""
+
+
+class SessionRun(_Model):
+    """One submission's run as its session knows it.
+
+    `status` is the session's view: `queued`, `open` (started, not yet
+    closed: see the run's own snapshot for waiting or failed), then how it
+    closed. `offset` is the conversation's length before it and `length`
+    the messages it added, once closed.
+    """
+
+    run_id: str
+    status: Literal["queued", "open", "completed", "failed", "cancelled"]
+    input: str
+    offset: int | None = None
+    length: int | None = None
+    # What the open run last reported: `failed` while it is parked failed.
+    reported: RunStatus | None = None
+    # A later submission asked to interrupt it: the session cancels it.
+    interrupt: bool = False
+
+
+class SessionCarried(_Model):
+    """What a session carries into its next run when it continues as new (between runs).
+
+    The conversation is not carried (continue-as-new input is one payload,
+    at most 2 MB): it stays in the run that continued (`archive`), and the
+    new run copies it in page by page before it starts another run. Closed
+    runs are carried without their input text.
+    """
+
+    version: str | None
+    runs: list[SessionRun]
+    archive: TranscriptArchive
+    closing: bool = False
+
+
+class SessionInput(_Model):
+    """The session workflow's input; plain JSON so any Temporal client can start one.
+
+    `continue_as_new_events` is when the session continues as new (between
+    runs), 10,000 events by default. `carried` is set only by the session's
+    own continue-as-new and honoured only then.
+    """
+
+    agent_id: str
+    version: str | None = None
+    continue_as_new_events: int | None = Field(default=None, ge=20, le=50_000)
+    carried: SessionCarried | None = None
+
+
+class SessionSnapshot(_Model):
+    """A session as an operator sees it: its runs, in order, and its conversation's size."""
+
+    session_id: str
+    agent_id: str
+    version: str | None
+    runs: list[SessionRun]
+    messages: int
+    closing: bool = False
+    error: str | None = None
+
+
+class RunStatusNote(_Model):
+    """`run_status` signal input: a session's run says it is failed, or running again."""
+
+    run_id: str
+    status: RunStatus
+
+
+class RunTranscriptRequest(_Model):
+    """A page of a closed run's own transcript, from `offset`, for its session."""
+
+    run_id: str
+    offset: int
+
+
+class SessionSummary(_Model):
+    """A session as listed by `list_sessions` (from Temporal visibility).
+
+    `open` is False once the session workflow has closed (after `close()`,
+    or when Temporal ended it); `closed_at` says when.
+
+    .. versionadded:: Unreleased
+    """
+
+    session_id: str
+    agent_id: str | None
+    open: bool
+    started_at: datetime | None
+    closed_at: datetime | None = None

@@ -32,7 +32,7 @@ from durably.approvals import ApprovalKeys
 from durably.codec import EncryptionCodec
 from durably.errors import RegistrationError
 from durably.registry import AgentRegistry
-from durably.workflows import AgentRunWorkflow
+from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
 
 __all__ = ["DurablyPlugin"]
 
@@ -73,7 +73,7 @@ class DurablyPlugin(SimplePlugin):
         super().__init__(
             "durably.DurablyPlugin",
             data_converter=lambda existing: durable_converter(existing, encryption),
-            workflows=[AgentRunWorkflow],
+            workflows=[AgentRunWorkflow, AgentSessionWorkflow],
             activities=self.agent_activities.methods(),
         )
 

@@ -41,6 +41,7 @@ from durably._transcript.digest import (
 )
 from durably._transcript.pages import PAGE_BYTES, transcript_page
 from durably._transcript.rebuild import (
+    conversation,
     model_transcript,
     rebuild_transcript,
     restored_transcript,
@@ -62,6 +63,7 @@ __all__ = [
     "TranscriptCache",
     "TranscriptPage",
     "TranscriptRestoreRequest",
+    "conversation",
     "encoded_size",
     "extend_digest",
     "model_transcript",

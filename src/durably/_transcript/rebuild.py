@@ -30,6 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from durably._transcript.cache import TranscriptCache
 from durably._transcript.digest import extend_digest, proves, transcript_digest
 from durably.contract import (
+    ConversationRef,
     ErrorType,
     Handler,
     MessageRef,
@@ -40,7 +41,7 @@ from durably.contract import (
 )
 from durably.messages import Message
 
-__all__ = ["model_transcript", "rebuild_transcript", "restored_transcript"]
+__all__ = ["conversation", "model_transcript", "rebuild_transcript", "restored_transcript"]
 
 # A cache miss for a few referenced messages asks for those alone.
 _FETCH_ONE_BY_ONE = 4
@@ -60,6 +61,29 @@ async def model_transcript(
         partial(_fetch_transcript, run_id),
         partial(_fetch_message, run_id),
     )
+
+
+async def conversation(cache: TranscriptCache, ref: ConversationRef) -> tuple[list[Message], str]:
+    """The conversation before a session's run and its full digest: from the cache
+    (under the session's id), else by the session workflow's `transcript` query,
+    proved by `ref.digest`.
+
+    The session appends a run's messages only once that run has closed, so
+    while a run asks, the session's conversation is exactly `ref.length` long.
+    """
+    cached = cache.transcript(ref.session_id, ref.length)
+    if cached is not None and proves(cached[1], ref.digest):
+        return cached
+    messages = (await _fetch_transcript(ref.session_id))[: ref.length]
+    digest = transcript_digest(messages)
+    if len(messages) != ref.length or not proves(digest, ref.digest):
+        raise ApplicationError(
+            f"the conversation of session {ref.session_id!r} does not match the digest its "
+            "run holds; this is a bug in durably, please report it",
+            type=ErrorType.TRANSCRIPT_MISMATCH,
+        )
+    cache.store(ref.session_id, messages, digest)
+    return messages, digest
 
 
 async def restored_transcript(

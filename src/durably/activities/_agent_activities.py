@@ -24,7 +24,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from durably._transcript import (
+    EMPTY_DIGEST,
     TranscriptCache,
+    conversation,
+    extend_digest,
     model_transcript,
     restored_transcript,
     transcript_page,
@@ -36,15 +39,18 @@ from durably.contract import (
     ACTIVITY_MODEL,
     ACTIVITY_PIN,
     ACTIVITY_RESTORE,
+    ACTIVITY_RUN_TRANSCRIPT,
     ACTIVITY_TOOL,
     ACTIVITY_VERIFY_APPROVAL,
     PIN_DIGEST_PREFIX,
     AgentPin,
     ErrorType,
+    Handler,
     LeanToolResult,
     ModelCallInput,
     ModelCallResult,
     PinRequest,
+    RunTranscriptRequest,
     ToolCallInput,
     TranscriptPage,
     TranscriptRestoreRequest,
@@ -53,6 +59,7 @@ from durably.contract import (
 )
 from durably.messages import (
     AssistantMessage,
+    Message,
     ModelRequest,
     ToolCall,
     ToolResultMessage,
@@ -109,6 +116,7 @@ class AgentActivities:
             self.model_request,
             self.tool_call,
             self.restore_transcript,
+            self.run_transcript,
             self.verify_approval,
         ]
 
@@ -190,10 +198,15 @@ class AgentActivities:
         # workflow, which waits out a dead worker's sticky queue first.
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
             messages = await model_transcript(self.cache, run_id, call)
+            before: tuple[list[Message], str] = ([], EMPTY_DIGEST)
+            if call.prefix is not None:  # a session's run reads the conversation first
+                before = await conversation(self.cache, call.prefix)
             # Every message was validated when it was made: skip doing it again
             # for the whole transcript on every turn.
             request = ModelRequest.model_construct(
-                instructions=agent.instructions, messages=tuple(messages), tools=agent.tool_specs
+                instructions=agent.instructions,
+                messages=(*before[0], *messages),
+                tools=agent.tool_specs,
             )
             try:
                 response = await agent.model.request(request)
@@ -231,6 +244,14 @@ class AgentActivities:
             self.cache.put_output(run_id, call.key, message)
         else:  # a final answer: the run completes and needs its transcript no more
             self.cache.forget(run_id)
+            if call.prefix is not None:
+                # What the session's next run reads: this run's transcript after the
+                # conversation, which the session appends once this run has closed.
+                conversation_now = [*before[0], *messages, message]
+                digest = before[1]
+                for m in (*messages, message):
+                    digest = extend_digest(digest, m)
+                self.cache.store(call.prefix.session_id, conversation_now, digest)
         return result
 
     # -- continue-as-new ----------------------------------------------------
@@ -247,6 +268,18 @@ class AgentActivities:
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
             messages = await restored_transcript(self.cache, run_id, request)
         return transcript_page(messages, request.offset)
+
+    @activity.defn(name=ACTIVITY_RUN_TRANSCRIPT)
+    async def run_transcript(self, request: RunTranscriptRequest) -> TranscriptPage:
+        """A page of a closed run's own transcript, for the session that ran it: the
+        session keeps each run's messages once, whatever later happens to the run's
+        history (namespace retention deletes it)."""
+        handle = activity.client().get_workflow_handle(request.run_id)
+        async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
+            page: TranscriptPage = await handle.query(
+                Handler.TRANSCRIPT, request.offset, result_type=TranscriptPage
+            )
+        return page
 
     # -- tools --------------------------------------------------------------
 

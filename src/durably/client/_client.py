@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Literal
 
-from temporalio.client import Client, WorkflowExecution
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -25,6 +25,7 @@ from durably._text import md_text, printable
 from durably.agents import AgentRegistration
 from durably.client._connect import connect_temporal
 from durably.client._handle import RunHandle, temporal_error, too_large
+from durably.client._session import SessionHandle
 from durably.client._versions import NeededVersion, needed_versions
 from durably.codec import EncryptionCodec
 from durably.contract import (
@@ -34,13 +35,17 @@ from durably.contract import (
     SA_AGENT,
     SA_AGENT_VERSION,
     SA_FINGERPRINT,
+    SA_SESSION,
     SA_STATUS,
+    SESSION_WORKFLOW_TYPE,
     WORKFLOW_TYPE,
     InboxItem,
     RunInput,
     RunSnapshot,
     RunStatus,
     RunSummary,
+    SessionInput,
+    SessionSummary,
     ToolInterrupted,
 )
 from durably.errors import (
@@ -167,6 +172,68 @@ class DurableClient:
             )
         return temporal_error(err, self.temporal, f"the start of run {run_id!r}")
 
+    async def start_session(
+        self, agent_id: str, *, session_id: str | None = None, version: str | None = None
+    ) -> SessionHandle:
+        """Start a conversation with `agent_id` (newest version unless `version`): each
+        `submit` to it is a run that reads every earlier message of the session.
+
+        .. versionadded:: Unreleased
+        """
+        _check_start(agent_id, "", version, session_id)
+        session_id = (
+            session_id if session_id is not None else f"{agent_id}-s-{uuid.uuid4().hex[:12]}"
+        )
+        try:
+            await self.temporal.start_workflow(
+                SESSION_WORKFLOW_TYPE,
+                SessionInput(agent_id=agent_id, version=version).model_dump(exclude_none=True),
+                id=session_id,
+                task_queue=self.task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(SA_AGENT, agent_id),
+                        SearchAttributePair(SA_SESSION, session_id),
+                    ]
+                ),
+                static_summary=f"session with {agent_id}",
+            )
+        except WorkflowAlreadyStartedError as err:
+            raise DurableConflictError(
+                f"session id {session_id!r} was already used; session ids are never reused. "
+                "Pick a new session_id, or omit it to get a generated one."
+            ) from err
+        except RPCError as err:
+            raise self._start_error(err, session_id) from err
+        return SessionHandle(self.temporal, session_id)
+
+    async def get_session(self, session_id: str) -> SessionHandle:
+        """A handle on an existing session; `RunNotFoundError` if there is none.
+
+        .. versionadded:: Unreleased
+        """
+        handle = self.temporal.get_workflow_handle(session_id)
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise RunNotFoundError(
+                    f"no session {session_id!r} in namespace {self.temporal.namespace!r}"
+                ) from err
+            raise temporal_error(
+                err, self.temporal, f"the lookup of session {session_id!r}"
+            ) from err
+        kind = described.workflow_type
+        if kind != SESSION_WORKFLOW_TYPE:
+            what = f"a run (`durably runs show {session_id}`)" if kind == WORKFLOW_TYPE else kind
+            raise DurablyError(
+                f"{session_id!r} is not a session but {what}; find sessions with "
+                "`durably session list` (or list_sessions())"
+            )
+        return SessionHandle(self.temporal, session_id)
+
     async def get_run(self, run_id: str) -> RunHandle:
         """A handle on an existing run; `RunNotFoundError` if there is none."""
         handle = self.temporal.get_workflow_handle(run_id)
@@ -203,7 +270,7 @@ class DurableClient:
                     snap = await RunHandle(self.temporal, run.run_id).snapshot()
                 except (RPCError, DurablyError) as err:
                     return _unreadable(run, err)
-            return _inbox_items(snap)
+            return [i.model_copy(update={"session_id": run.session_id}) for i in _inbox_items(snap)]
 
         items = [i for found in await asyncio.gather(*map(describe, runs)) for i in found]
         return sorted(items, key=lambda i: (i.since is None, i.since))
@@ -226,6 +293,21 @@ class DurableClient:
             status=status, agent_id=agent_id, unfinished=unfinished, task_queue=task_queue
         )
         return await self._list(query, limit)
+
+    async def list_sessions(
+        self, *, agent_id: str | None = None, open_only: bool = False, limit: int | None = 1000
+    ) -> list[SessionSummary]:
+        """Sessions from Temporal visibility, newest first (`open_only`: not yet closed).
+
+        .. versionadded:: Unreleased
+        """
+        query = _query(agent_id=agent_id, open_only=open_only, workflow_type=SESSION_WORKFLOW_TYPE)
+        try:
+            return [
+                _session_summary(e) async for e in self.temporal.list_workflows(query, limit=limit)
+            ]
+        except RPCError as err:
+            raise temporal_error(err, self.temporal, "the list of sessions") from err
 
     async def needed_versions(
         self, registrations: AgentRegistry | Iterable[AgentRegistration] | None = None
@@ -259,14 +341,17 @@ def _query(
     unfinished: bool | None = None,
     task_queue: str | None = None,
     open_only: bool = False,
+    workflow_type: str = WORKFLOW_TYPE,
 ) -> str:
-    """The visibility query for durably's runs that match every argument given.
+    """The visibility query for durably's runs (or, by `workflow_type`, sessions) that
+    match every argument given.
 
     A run that continued as new keeps its last `DurablyStatus`, but its chain goes
     on in the newest run, which is the one listed; unfinished runs are open ones
-    (a run Temporal terminated keeps its status too, and is over).
+    (a run Temporal terminated keeps its status too, and is over). A session
+    continues as new between runs: its newest run is the one listed too.
     """
-    clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
+    clauses = [f"WorkflowType = {_quote(workflow_type)}"]
     if open_only or unfinished is True:
         clauses.append("ExecutionStatus = 'Running'")
     else:
@@ -397,6 +482,7 @@ def _unreadable(run: RunSummary, err: Exception) -> list[InboxItem]:
             run_id=run.run_id,
             agent_id=run.agent_id,
             status=run.status,
+            session_id=run.session_id,
             kind=_INBOX[run.status],
             waiting_for=f"(snapshot unavailable: {err}; is a worker running?)",
         )
@@ -414,6 +500,17 @@ def _summary(e: WorkflowExecution) -> RunSummary:
         started_at=e.start_time,
         closed_at=e.close_time if isinstance(e.close_time, datetime) else None,
         fingerprint=sa.get(SA_FINGERPRINT),
+        session_id=sa.get(SA_SESSION),
+    )
+
+
+def _session_summary(e: WorkflowExecution) -> SessionSummary:
+    return SessionSummary(
+        session_id=e.id,
+        agent_id=e.typed_search_attributes.get(SA_AGENT),
+        open=e.status == WorkflowExecutionStatus.RUNNING,
+        started_at=e.start_time,
+        closed_at=e.close_time if isinstance(e.close_time, datetime) else None,
     )
 
 

@@ -37,6 +37,7 @@ from durably.approvals import ApprovalKeys
 from durably.contract import (
     ACTIVITY_MODEL,
     MAX_NAME_CHARS,
+    SA_SESSION,
     SA_STATUS,
     Answer,
     Approval,
@@ -575,6 +576,13 @@ class RunHandle:
             return DurableConflictError(
                 f"run {self.run_id!r} moved on to a new Temporal run while {operation} was "
                 "sent; send it again"
+            )
+        session = described.typed_search_attributes.get(SA_SESSION)
+        if session is not None and how.startswith("failed"):
+            return DurableConflictError(
+                f"run {self.run_id!r} failed and a later submission has advanced session "
+                f"{session!r}; {operation} needs an open run, so nothing was changed. Its "
+                "committed messages stay in the session's conversation"
             )
         return DurableConflictError(
             f"run {self.run_id!r} is {how}; {operation} needs an open run, so nothing was "

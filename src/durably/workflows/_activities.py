@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_MODEL,
         ACTIVITY_PIN,
         ACTIVITY_RESTORE,
+        ACTIVITY_RUN_TRANSCRIPT,
         ACTIVITY_TOOL,
         ACTIVITY_VERIFY_APPROVAL,
         AgentPin,
@@ -31,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         OperationKey,
         PinRequest,
         RetrySpec,
+        RunTranscriptRequest,
         ToolCallInput,
         TranscriptArchive,
         TranscriptPage,
@@ -155,6 +157,21 @@ async def restore_page(
             f"restoring the transcript returned no messages at {offset} of {archive.length}; "
             "this is a bug in durably, please report it"
         )
+    return page
+
+
+async def run_transcript(request: RunTranscriptRequest) -> TranscriptPage:
+    """A page of a closed run's own transcript, for its session (retried until it is read:
+    the session must not lose a run's messages to a worker restart)."""
+    page: TranscriptPage = await workflow.execute_activity(
+        ACTIVITY_RUN_TRANSCRIPT,
+        request,
+        result_type=TranscriptPage,
+        start_to_close_timeout=timedelta(minutes=5),
+        heartbeat_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(minutes=1)),
+        summary=f"read run {request.run_id} from message {request.offset}",
+    )
     return page
 
 

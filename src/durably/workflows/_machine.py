@@ -228,6 +228,7 @@ class RunMachine:
             base_length=self.s.sent_length,
             new=self.unsent(),
             digest=self.s.digest[:SHORT_DIGEST] if self.lean else self.s.digest,
+            prefix=self.s.session,
         )
 
     def tool_input(self, key: OperationKey, call: ToolCall) -> ToolCallInput:
@@ -590,7 +591,13 @@ class RunMachine:
         s.status = RunStatus.COMPLETED
         s.outcome = {"type": "completed", "output": output}
         self.event(EventType.RUN_COMPLETED, detail=(output or "")[:200])
-        return RunResult(run_id=self.run_id, output=output, turns=s.turns, usage=s.usage)
+        return RunResult(
+            run_id=self.run_id,
+            output=output,
+            turns=s.turns,
+            usage=s.usage,
+            agent_version=s.pin.version if s.pin is not None and s.session is not None else None,
+        )
 
     def cancel(self) -> None:
         if self.s.status == RunStatus.RETRY_WAIT:

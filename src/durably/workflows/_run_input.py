@@ -9,6 +9,10 @@ The failures this prevents:
   raw payload is decoded and checked by the run (`one_raw_argument`), and a
   problem ends the run `failed` with a message saying what the input must
   be.
+- `session` points a run at a session's conversation, which its model
+  then reads: honoured only when Temporal says that session is the run's
+  parent (`workflow.info().parent`), so a starter cannot point a run at
+  another conversation.
 - `carried` exists for continue-as-new, but any starter could set it: a
   forged `answered` entry pre-approved a call, a forged pin turned off
   approvals and made a manual tool `safe`. It is honoured only when
@@ -103,6 +107,15 @@ def read_run_input(
             "the input sets `carried`, which only durably's own continue-as-new may set; "
             f"start a run with {EXPECTED}"
         )
+    session = raw.get("session")
+    if session is not None:
+        session_id = session.get("session_id") if isinstance(session, dict) else None
+        if info.parent is None or info.parent.workflow_id != session_id:
+            return None, (
+                "the input sets `session`, which only the session workflow that starts the "
+                f"run as its child may set; start a run with {EXPECTED}, or submit to the "
+                "session (its `submit` update)"
+            )
     if info.cron_schedule or info.retry_policy is not None:
         what = "a cron schedule" if info.cron_schedule else "a workflow retry policy"
         return None, (
@@ -182,6 +195,7 @@ def initial_state(
         requested_version=run_input.version,
         digest=EMPTY_DIGEST,
         chain=info.first_execution_run_id if hardened else None,
+        session=run_input.session,
     )
     if not state.input:  # carried without it: see _continuation
         state.input = run_input.input

@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
         SA_AGENT,
         SA_AGENT_VERSION,
         SA_FINGERPRINT,
+        SA_SESSION,
         SA_STATUS,
         SEARCH_ATTRIBUTES,
         WORKFLOW_TYPE,
@@ -82,6 +83,8 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         RunSnapshot,
         RunStatus,
+        RunStatusNote,
+        SessionHandler,
         ToolPolicy,
         TranscriptArchive,
         TranscriptPage,
@@ -165,6 +168,11 @@ class AgentRunWorkflow:
         # The time events get until the pin's workflow task ends: a local
         # activity's completion moves `workflow.now()` differently on replay.
         self._pin_clock: datetime | None = None
+        # A session's run: whether it told its session it failed; the notes in flight;
+        # whether the session went ahead of it (it then ends, never to be retried).
+        self._reported_failed = False
+        self._notes: list[asyncio.Task[None]] = []
+        self._advanced = False
 
     @workflow.run
     @one_raw_argument
@@ -384,11 +392,27 @@ class AgentRunWorkflow:
         m = self._m
         m.show_blocked_args(key)
         self._publish()
-        await self._wait(lambda: m.decision is not None)
+        await self._wait(lambda: m.decision is not None or self._advanced)
+        if self._advanced and m.decision is None:
+            self._end_advanced()
         self._pin_clock = None
         decision = m.decided(key)
         self._publish()
         return decision
+
+    def _end_advanced(self) -> NoReturn:
+        """A later submission went ahead of this failed run of a session: it ends, its
+        committed messages already in the conversation, never to be retried."""
+        session = self._m.s.session
+        assert session is not None
+        self._m.event(EventType.RUN_FAILED, detail="a later submission advanced the session")
+        raise ApplicationError(
+            f"run {self._run_id!r} failed and a later submission has advanced session "
+            f"{session.session_id!r}, so it can no longer be retried; its committed messages "
+            "stay in the session's conversation",
+            type=ErrorType.DURABLE_CONFLICT.value,
+            non_retryable=True,
+        )
 
     # -- continuing as new -------------------------------------------------------------
 
@@ -542,6 +566,9 @@ class AgentRunWorkflow:
         one with an unknown name forever, both invisible to the operator
         who sent it.
         """
+        if name == Handler.SESSION_ADVANCED and self._in_failed_session_run():
+            self._advanced = True
+            return
         if name != Handler.RESPOND_SIGNAL:
             self._m.event(
                 EventType.SIGNAL_REJECTED,
@@ -629,6 +656,8 @@ class AgentRunWorkflow:
             SA_AGENT_VERSION.name: s.pin.version if s.pin else None,
             # What every operation of the run checks (`RunMachine.pin_check`).
             SA_FINGERPRINT.name: self._m.pin_check() if s.pin and self._seed_fidelity else None,
+            # Set at the start by the run's session (`AgentSessionWorkflow`), if any.
+            SA_SESSION.name: s.session.session_id if s.session else None,
         }
         updates: list[SearchAttributeUpdate[str]] = []
         for sa in SEARCH_ATTRIBUTES:
@@ -641,6 +670,32 @@ class AgentRunWorkflow:
         details = status_details(self._run_id, s)
         if details is not None:
             workflow.set_current_details(details)
+        self._report_to_session()
+
+    def _in_failed_session_run(self) -> bool:
+        return self._m.s.session is not None and self._m.s.status == RunStatus.FAILED
+
+    def _report_to_session(self) -> None:
+        """Tell the run's session when it fails (or runs again): a failed run does not
+        keep the session's next submission waiting. Runs outside a session send nothing."""
+        s = self._m.s
+        parent = workflow.info().parent
+        failed = s.status == RunStatus.FAILED
+        if s.session is None or parent is None or failed == self._reported_failed:
+            return
+        self._reported_failed = failed
+        note = RunStatusNote(run_id=self._run_id, status=s.status)
+        session = workflow.get_external_workflow_handle(parent.workflow_id)
+        self._notes.append(asyncio.create_task(self._send_note(session, note)))
+
+    @staticmethod
+    async def _send_note(
+        session: workflow.ExternalWorkflowHandle[Any], note: RunStatusNote
+    ) -> None:
+        try:
+            await session.signal(SessionHandler.RUN_STATUS, note)
+        except Exception:  # the session has closed: nobody waits on this run any more
+            workflow.logger.info("the run's session took no status note: it has closed")
 
 
 def _start_value(key: SearchAttributeKey[str]) -> str | None:

@@ -1,0 +1,151 @@
+"""`SessionHandle`: what an operator or an app calls on one conversation (SPEC section 13)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from durably.client._handle import RunHandle, durably_error, temporal_error, too_large
+from durably.contract import (
+    CloseRequest,
+    IfBusy,
+    SessionHandler,
+    SessionSnapshot,
+    SubmitAccepted,
+    SubmitRequest,
+)
+from durably.errors import (
+    DurableConflictError,
+    DurablyError,
+    InvalidRunInputError,
+    RunNotFoundError,
+    TemporalUnavailableError,
+)
+
+__all__ = ["SessionHandle"]
+
+_CATCH_UP_S = 30.0
+
+
+class SessionHandle:
+    """One session: submit its next message, read it, close it.
+
+    .. versionadded:: Unreleased
+    """
+
+    def __init__(self, client: Client, session_id: str) -> None:
+        self._client = client
+        self.session_id = session_id
+        self._handle = client.get_workflow_handle(session_id)
+
+    def __repr__(self) -> str:
+        return f"SessionHandle({self.session_id!r})"
+
+    async def submit(self, input: str, *, if_busy: IfBusy = "reject") -> RunHandle:
+        """The conversation's next user message; returns the handle of its run.
+
+        The run reads every earlier message of the session (user, assistant,
+        tool results) before its own. While an earlier run is still open,
+        `if_busy="reject"` raises `DurableConflictError` naming it (nothing
+        is recorded) and `"enqueue"` queues the run to start after it: its
+        handle names the run, which exists once the session starts it
+        (`snapshot()` shows it `queued` until then, `RunNotFoundError` from
+        the handle meanwhile).
+        """
+        request = SubmitRequest(input=input, if_busy=if_busy)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CATCH_UP_S
+        while True:
+            try:
+                accepted: SubmitAccepted = await self._update(
+                    SessionHandler.SUBMIT, request, SubmitAccepted
+                )
+                return RunHandle(self._client, accepted.run_id)
+            except DurableConflictError:
+                if if_busy != "reject" or loop.time() > deadline or not await self._catching_up():
+                    raise
+            await asyncio.sleep(0.05)
+
+    async def _catching_up(self) -> bool:
+        """Whether the session was refused as busy only with a run that has closed.
+
+        A run's result reaches its caller a moment before its session has
+        taken the run's messages (the session reads them once the run is
+        closed): a caller who awaited `result()` and submits at once must
+        not be refused for that, so `submit` tries again (for 30 s at most)
+        while the run the session waits on has closed. False if it is
+        really still open.
+        """
+        described = await self._handle.describe()
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return False  # the session itself has closed
+        busy = next((r for r in (await self.snapshot()).runs if r.status == "open"), None)
+        if busy is None:
+            return True  # it caught up meanwhile
+        run = await self._client.get_workflow_handle(busy.run_id).describe()
+        return run.status != WorkflowExecutionStatus.RUNNING
+
+    async def snapshot(self) -> SessionSnapshot:
+        """The session's runs in order, and how long its conversation is."""
+        try:
+            snapshot: SessionSnapshot = await self._handle.query(
+                SessionHandler.SNAPSHOT, result_type=SessionSnapshot
+            )
+        except RPCError as err:
+            raise self._error(err, "the snapshot") from err
+        return snapshot
+
+    async def runs(self) -> list[RunHandle]:
+        """A handle on each run of the session, in submission order."""
+        return [RunHandle(self._client, r.run_id) for r in (await self.snapshot()).runs]
+
+    async def close(self) -> SessionSnapshot:
+        """End the session once its open and queued runs are done; later submissions
+        are refused."""
+        closed: SessionSnapshot = await self._update(
+            SessionHandler.CLOSE, CloseRequest(), SessionSnapshot
+        )
+        return closed
+
+    async def _update(self, name: str, arg: BaseModel, result_type: type[Any]) -> Any:
+        try:
+            return await self._handle.execute_update(name, arg, result_type=result_type)
+        except WorkflowUpdateFailedError as err:
+            raise (
+                durably_error(err.cause)
+                or DurablyError(f"session {self.session_id!r} rejected {name}: {err.cause}")
+            ) from err
+        except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+            raise TemporalUnavailableError(
+                f"Temporal did not confirm {name} of session {self.session_id!r} in time; it "
+                "may still be applied. Read the session's snapshot before sending it again.",
+                status=RPCStatusCode.DEADLINE_EXCEEDED,
+            ) from err
+        except RPCError as err:
+            if too_large(err):
+                raise InvalidRunInputError(
+                    f"the {name} request is too large for Temporal ({err.message}); "
+                    "send a smaller one"
+                ) from err
+            raise self._error(err, name) from err
+
+    def _error(self, err: RPCError, what: str) -> DurablyError:
+        if err.status == RPCStatusCode.NOT_FOUND and "already completed" in err.message:
+            return DurableConflictError(
+                f"session {self.session_id!r} is closed; start a new session to go on"
+            )
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return RunNotFoundError(
+                f"no open session {self.session_id!r} in namespace {self._client.namespace!r}; "
+                "check the id, or start one with start_session"
+            )
+        return temporal_error(err, self._client, f"{what} of session {self.session_id!r}")

@@ -1,0 +1,252 @@
+"""`AgentSessionWorkflow`: one conversation with one agent, each submission a run.
+
+Handlers:
+    update ``submit(SubmitRequest)`` -> SubmitAccepted: the next user message; its
+        run starts (as this workflow's child) once the runs before it closed.
+        `if_busy="reject"` (the default) refuses it while a run is open.
+    update ``close(CloseRequest)`` -> SessionSnapshot: end once the runs are done.
+    query ``snapshot`` -> SessionSnapshot.
+    query ``transcript(offset, limit=None)`` -> TranscriptPage: the conversation,
+        for the model activity of the session's next run when its cache misses.
+
+Where the conversation lives (SPEC section 13): here, once. When a run
+closes, this workflow reads that run's own messages (an activity querying
+the closed run, paged under the payload limit) and keeps them; the next
+run gets a `ConversationRef` (length and digest), never a copy, and only
+its model activity reads the messages (the worker's cache, else this
+workflow's `transcript` query). So a submission adds its own messages to
+history twice (in its run, and once here) however long the conversation
+is, and the conversation outlives its runs' histories (namespace
+retention deletes closed runs; this workflow is open).
+
+Each run is a child with parent-close policy REQUEST_CANCEL: ending the
+session cancels its open run. A run honours the session's reference only
+because Temporal says this workflow is its parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, NoReturn
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from durably._text import md_code, md_text
+    from durably._transcript import transcript_page
+    from durably.contract import (
+        SA_AGENT,
+        SA_SESSION,
+        SA_STATUS,
+        SESSION_WORKFLOW_TYPE,
+        WORKFLOW_TYPE,
+        CloseRequest,
+        ErrorType,
+        Handler,
+        RunInput,
+        RunResult,
+        RunStatus,
+        RunStatusNote,
+        RunTranscriptRequest,
+        SessionHandler,
+        SessionInput,
+        SessionRun,
+        SessionSnapshot,
+        SubmitAccepted,
+        SubmitRequest,
+        TranscriptPage,
+    )
+    from durably.messages import Message
+    from durably.workflows._activities import restore_page, run_transcript
+    from durably.workflows._handler_input import refusals
+    from durably.workflows._run_input import decode_arguments, one_raw_argument
+    from durably.workflows._session_machine import SessionMachine, read_session_input
+    from durably.workflows._validation import Rejected, parse_request
+
+__all__ = ["AgentSessionWorkflow"]
+
+
+@workflow.defn(name=SESSION_WORKFLOW_TYPE, sandboxed=False)
+class AgentSessionWorkflow:
+    """One conversation (see the module docstring for handlers)."""
+
+    @workflow.init
+    @one_raw_argument
+    def __init__(self, *payload: Any) -> None:
+        info = workflow.info()
+        values, problem = decode_arguments(payload)
+        if problem is None:
+            start, problem = read_session_input(values, continued=bool(info.continued_run_id))
+        else:
+            start = None
+        if start is None:
+            start = SessionInput(agent_id="")
+        self._m = SessionMachine(
+            info.workflow_id, start, problem, new_id=lambda: workflow.uuid4().hex[:8]
+        )
+        self._continuing = False
+
+    @workflow.run
+    @one_raw_argument
+    async def run(self, *payload: Any) -> SessionSnapshot:
+        m = self._m
+        if m.error is not None:
+            raise ApplicationError(
+                f"durably refused this session's input: {m.error}",
+                type=ErrorType.INVALID_RUN_INPUT.value,
+                non_retryable=True,
+            )
+        if m.archive is not None:
+            await self._restore()
+        while True:
+            self._details()
+            await workflow.wait_condition(lambda: m.next_run() is not None or m.finished())
+            run = m.next_run()
+            if run is None:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                return m.snapshot()
+            await self._run(run)
+            if workflow.info().get_current_history_length() >= m.continue_as_new_events:
+                await self._continue_as_new()
+
+    async def _continue_as_new(self) -> NoReturn:
+        """Continue as new between runs (never while a run is open: Temporal would apply
+        its parent-close policy, and the new session run would not own it)."""
+        self._continuing = True  # a submit waiting for its run to start returns `queued`
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(
+            self._m.carry(workflow.info().run_id).model_dump(mode="json", exclude_none=True)
+        )
+
+    async def _restore(self) -> None:
+        """Copy the conversation the previous run of the session kept, page by page."""
+        m = self._m
+        archive = m.archive
+        assert archive is not None
+        workflow.set_current_details(
+            f"Restoring the conversation ({archive.length} messages) from the previous run "
+            f"{md_code(archive.run_id)}"
+        )
+        while len(m.conversation) < archive.length:
+            page = await restore_page(archive, len(m.conversation), hardened=True)
+            m.restored(page.messages)
+        m.restore_done()
+
+    async def _run(self, run: SessionRun) -> None:
+        """Start one submission's run, wait for it to close, keep its messages."""
+        m = self._m
+        info = workflow.info()
+        handle = await workflow.start_child_workflow(
+            WORKFLOW_TYPE,
+            RunInput(
+                agent_id=m.agent_id, input=run.input, version=m.version, session=m.prefix()
+            ).model_dump(mode="json", exclude_none=True),
+            id=run.run_id,
+            task_queue=info.task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(SA_STATUS, RunStatus.RUNNING.value),
+                    SearchAttributePair(SA_AGENT, m.agent_id),
+                    SearchAttributePair(SA_SESSION, m.session_id),
+                ]
+            ),
+            static_summary=f"{m.agent_id}: {md_text(run.input[:120])}",
+        )
+        m.started(run)
+        self._details()
+        await workflow.wait_condition(lambda: handle.done() or m.must_end(run))
+        if not handle.done():
+            if run.interrupt:
+                handle.cancel()  # the run's running tool sees its abort signal
+            else:  # failed, and a later submission waits: it will not be retried
+                await handle.signal(Handler.SESSION_ADVANCED)
+        version: str | None = None
+        try:
+            raw = await handle
+            version = RunResult.model_validate(raw).agent_version
+            status = "completed"
+        except ChildWorkflowError as err:
+            status = "cancelled" if is_cancelled_exception(err) else "failed"
+        except asyncio.CancelledError:
+            if not run.interrupt:
+                raise  # the session itself is cancelled
+            status = "cancelled"
+        m.ending(run)
+        m.closed(run, status, await self._messages_of(run.run_id), version)
+
+    async def _messages_of(self, run_id: str) -> list[Message]:
+        """The closed run's own transcript, page by page."""
+        messages: list[Message] = []
+        while True:
+            page = await run_transcript(RunTranscriptRequest(run_id=run_id, offset=len(messages)))
+            messages.extend(page.messages)
+            if len(messages) >= page.total or not page.messages:
+                return messages
+
+    def _details(self) -> None:
+        m = self._m
+        open_run = m.busy()
+        if open_run is not None and open_run.status == "open":
+            text = f"Running {md_code(open_run.run_id)} (submission {len(m.runs)})"
+        else:
+            text = (
+                f"Waiting for the next submission ({len(m.runs)} so far, "
+                f"{len(m.conversation)} messages)"
+            )
+        workflow.set_current_details(text)
+
+    # -- handlers ------------------------------------------------------------------
+
+    @workflow.update(name=SessionHandler.SUBMIT)
+    async def submit(self, *payload: Any) -> SubmitAccepted:
+        with refusals():
+            accepted = self._m.submit(parse_request(SubmitRequest, payload, SessionHandler.SUBMIT))
+        if not accepted.queued:  # answer once its run exists, so a handle on it works at once
+            await workflow.wait_condition(
+                lambda: self._is_started(accepted.run_id) or self._continuing
+            )
+            if not self._is_started(accepted.run_id):  # the next session run starts it
+                return accepted.model_copy(update={"queued": True})
+        return accepted
+
+    @submit.validator
+    def _validate_submit(self, *payload: Any) -> None:
+        with refusals():
+            self._m.check_submit(parse_request(SubmitRequest, payload, SessionHandler.SUBMIT))
+
+    @workflow.update(name=SessionHandler.CLOSE)
+    def close(self, *payload: Any) -> SessionSnapshot:
+        with refusals():
+            parse_request(CloseRequest, payload, SessionHandler.CLOSE)
+            return self._m.close()
+
+    @close.validator
+    def _validate_close(self, *payload: Any) -> None:
+        with refusals():
+            parse_request(CloseRequest, payload, SessionHandler.CLOSE)
+
+    @workflow.signal(name=SessionHandler.RUN_STATUS)
+    def run_status(self, *payload: Any) -> None:
+        """A run of this session says it failed (or runs again): a failed run does not
+        keep later submissions waiting. A note about a run that is not this session's
+        open run changes nothing."""
+        try:
+            note = parse_request(RunStatusNote, payload, SessionHandler.RUN_STATUS)
+        except Rejected:
+            return
+        self._m.reported(note.run_id, note.status)
+
+    @workflow.query(name=SessionHandler.SNAPSHOT)
+    def snapshot(self) -> SessionSnapshot:
+        return self._m.snapshot()
+
+    @workflow.query(name=SessionHandler.TRANSCRIPT)
+    def transcript(self, offset: int, limit: int | None = None) -> TranscriptPage:
+        return transcript_page(self._m.conversation, offset, limit)
+
+    def _is_started(self, run_id: str) -> bool:
+        return any(r.run_id == run_id and r.status != "queued" for r in self._m.runs)

@@ -1,0 +1,370 @@
+"""Sessions (SPEC section 13): a conversation of submissions, each a run that reads
+every earlier message, held once by the session and never copied into each run."""
+
+from __future__ import annotations
+
+import uuid
+from functools import partial
+
+import pytest
+from pydantic import BaseModel
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
+from temporalio.client import WorkflowFailureError
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    DurableClient,
+    DurableConflictError,
+    FunctionModel,
+    ModelRequest,
+    RunStatus,
+    SessionHandle,
+    ToolContext,
+    ToolRetry,
+    tool,
+)
+from durably.contract import SA_SESSION, SESSION_WORKFLOW_TYPE, WORKFLOW_TYPE
+from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
+from durably.tools import question_tool
+
+from .conftest import Runtimes, eventually, record_history, wait_for_status
+
+
+class Order(BaseModel):
+    order: str
+
+
+def said(request: ModelRequest) -> list[str]:
+    """The request's messages as `role: text`, in order (a tool call as `call NAME`)."""
+    shown = []
+    for m in request.messages:
+        if isinstance(m, AssistantMessage) and m.tool_calls:
+            shown.append(f"assistant: call {m.tool_calls[0].name}")
+        elif isinstance(m, ToolResultMessage):
+            shown.append(f"tool: {m.content}")
+        else:
+            shown.append(f"{m.role}: {m.content}")
+    return shown
+
+
+def clerk(seen: list[list[str]]) -> AgentRegistration:
+    """Answers each message; looks an order up when asked to. Records what it was sent."""
+
+    @tool
+    async def lookup(args: Order, ctx: ToolContext) -> str:
+        """Look an order up."""
+        return f"{args.order} ships tomorrow"
+
+    def answer(request: ModelRequest) -> AssistantMessage:
+        seen.append(said(request))
+        last = request.messages[-1]
+        if isinstance(last, UserMessage) and last.content.startswith("where is "):
+            order = last.content.removeprefix("where is ")
+            return AssistantMessage(
+                tool_calls=(ToolCall(call_id="c1", name="lookup", arguments={"order": order}),)
+            )
+        if isinstance(last, ToolResultMessage):
+            return AssistantMessage(content=f"It {last.content.split(' ', 1)[1]}.")
+        return AssistantMessage(content=f"noted: {last.content}")
+
+    agent = Agent(id="clerk", model=FunctionModel(answer), instructions="", tools=[lookup])
+    return AgentRegistration(agent, version="1", tool_recovery={"lookup": "safe"})
+
+
+def asker() -> AgentRegistration:
+    """Asks the customer a question about each message, then says what they answered."""
+
+    def answer(request: ModelRequest) -> AssistantMessage:
+        last = request.messages[-1]
+        if isinstance(last, ToolResultMessage):
+            return AssistantMessage(content=f"you said {last.content}")
+        return AssistantMessage(
+            tool_calls=(ToolCall(call_id="q", name="ask_user", arguments={"question": "Which?"}),)
+        )
+
+    agent = Agent(
+        id="asker",
+        model=FunctionModel(answer),
+        instructions="",
+        tools=[question_tool(name="ask_user", description="Ask the customer.")],
+    )
+    return AgentRegistration(agent, version="1")
+
+
+class TestConversation:
+    async def test_each_run_reads_every_earlier_message_in_order(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        seen: list[list[str]] = []
+        await runtimes.start([clerk(seen)])
+        session = await client.start_session("clerk")
+
+        outputs = []
+        for text in ("hello, I am Ada", "where is A-7", "thanks"):
+            run = await session.submit(text)
+            outputs.append((await run.result()).output)
+
+        assert outputs == ["noted: hello, I am Ada", "It ships tomorrow.", "noted: thanks"]
+        assert seen[-1] == [
+            "user: hello, I am Ada",
+            "assistant: noted: hello, I am Ada",
+            "user: where is A-7",
+            "assistant: call lookup",
+            "tool: A-7 ships tomorrow",
+            "assistant: It ships tomorrow.",
+            "user: thanks",
+        ]
+
+        async def caught_up() -> bool:  # the session takes a closed run's messages next
+            return (await session.snapshot()).messages == 8
+
+        await eventually(caught_up)
+        snapshot = await session.snapshot()
+        await record_history(client, session.session_id, "session_three_submissions")
+        await record_history(
+            client, snapshot.runs[2].run_id, "session_run_reading_the_conversation"
+        )
+        assert [r.status for r in snapshot.runs] == ["completed"] * 3
+        assert snapshot.messages == 8
+        assert [r.offset for r in snapshot.runs] == [0, 2, 6]
+        assert snapshot.version == "1"
+
+    async def test_a_fresh_worker_reads_the_conversation_from_the_session(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """No cache holds it (another worker ran the earlier runs): the session serves it."""
+        seen: list[list[str]] = []
+        first = await runtimes.start([clerk(seen)])
+        session = await client.start_session("clerk")
+        await (await session.submit("hello")).result()
+
+        async def taken() -> bool:
+            return (await session.snapshot()).messages == 2
+
+        await eventually(taken)
+        await first.close()
+        await client.temporal.workflow_service.reset_sticky_task_queue(
+            ResetStickyTaskQueueRequest(
+                namespace=client.temporal.namespace,
+                execution=WorkflowExecution(workflow_id=session.session_id),
+            )
+        )  # the stopped worker no longer holds the session: the next one takes it now
+
+        await runtimes.start([clerk(seen)])
+        await (await session.submit("again")).result()
+
+        assert seen[-1] == ["user: hello", "assistant: noted: hello", "user: again"]
+
+
+class TestBusy:
+    async def test_reject_names_the_open_run_and_enqueue_runs_after_it(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        await runtimes.start([asker()])
+        session = await client.start_session("asker")
+        first = await session.submit("where is my order?")
+        waiting = await wait_for_status(first, RunStatus.WAITING)
+
+        with pytest.raises(DurableConflictError, match=f"run {first.run_id!r} is still open"):
+            await session.submit("hello?")
+        second = await session.submit("and my refund?", if_busy="enqueue")
+        assert [r.status for r in (await session.snapshot()).runs] == ["open", "queued"]
+
+        assert waiting.interaction is not None
+        await first.answer(waiting.interaction.id, "order 7")
+        await first.result()
+
+        async def started() -> bool:
+            return (await session.snapshot()).runs[1].status == "open"
+
+        await eventually(started)
+        asked = await wait_for_status(second, RunStatus.WAITING)
+        assert asked.interaction is not None
+        await second.answer(asked.interaction.id, "refund 9")
+        result = await second.result()
+        assert "refund 9" in (result.output or "")
+        await record_history(client, session.session_id, "session_enqueued_behind_a_waiting_run")
+
+    async def test_a_closed_session_takes_no_more_submissions(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        seen: list[list[str]] = []
+        await runtimes.start([clerk(seen)])
+        session = await client.start_session("clerk")
+        await (await session.submit("hello")).result()
+        closed = await session.close()
+        assert closed.closing is True
+        result = await client.temporal.get_workflow_handle(session.session_id).result()
+        assert result["messages"] == 2
+        with pytest.raises(DurableConflictError, match="closed"):
+            await session.submit("again")
+
+
+class TestForgedSession:
+    async def test_a_run_started_with_another_sessions_reference_is_refused(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        seen: list[list[str]] = []
+        await runtimes.start([clerk(seen)])
+        session = await client.start_session("clerk")
+        await (await session.submit("my card is 4242")).result()
+        forged_at = len(seen)
+
+        handle = await client.temporal.start_workflow(
+            WORKFLOW_TYPE,
+            {
+                "agent_id": "clerk",
+                "input": "what did they say?",
+                "session": {"session_id": session.session_id, "length": 2, "digest": "0" * 32},
+            },
+            id=f"forged-{uuid.uuid4().hex[:8]}",
+            task_queue=client.task_queue,
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+        assert "only the session workflow that starts the run as its child" in str(
+            failed.value.cause
+        )
+        assert len(seen) == forged_at  # no model request was made
+
+
+class TestContinueAsNew:
+    async def test_a_session_continued_twice_keeps_its_runs_queue_version_and_conversation(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        seen: list[list[str]] = []
+        await runtimes.start([clerk(seen)])
+        session_id = f"long-{uuid.uuid4().hex[:8]}"
+        await client.temporal.start_workflow(
+            SESSION_WORKFLOW_TYPE,
+            {"agent_id": "clerk", "continue_as_new_events": 20},
+            id=session_id,
+            task_queue=client.task_queue,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(SA_SESSION, session_id)]),
+        )
+        session = await client.get_session(session_id)
+        texts = ["one", "two", "three", "four"]
+        runs = [await session.submit(texts[0])]
+        runs += [await session.submit(t, if_busy="enqueue") for t in texts[1:]]
+        for i, run in enumerate(runs):
+            await eventually(partial(is_started, session, i))
+            await run.result()
+
+        async def all_taken() -> bool:
+            return (await session.snapshot()).messages == 8
+
+        await eventually(all_taken)
+        chain = await continued_runs(client, session_id)
+        assert chain >= 2, "the session continued as new at least twice"
+        await record_history(client, session_id, "session_continued_as_new_between_runs")
+        snapshot = await session.snapshot()
+        assert [r.run_id for r in snapshot.runs] == [r.run_id for r in runs]
+        assert [r.status for r in snapshot.runs] == ["completed"] * 4
+        assert snapshot.version == "1"
+        assert seen[-1] == [
+            *[line for t in texts[:3] for line in (f"user: {t}", f"assistant: noted: {t}")],
+            "user: four",
+        ]
+
+
+async def continued_runs(client: DurableClient, workflow_id: str) -> int:
+    """How many times the workflow continued as new so far."""
+    handle = client.temporal.get_workflow_handle(workflow_id)
+    described = await handle.describe()
+    first = described.raw_description.workflow_execution_info.first_run_id
+    count, temporal_run_id = 0, first
+    while temporal_run_id != described.run_id:
+        history = await client.temporal.get_workflow_handle(
+            workflow_id, run_id=temporal_run_id
+        ).fetch_history()
+        last = history.events[-1]
+        temporal_run_id = (
+            last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+        )
+        count += 1
+    return count
+
+
+async def is_started(session: SessionHandle, index: int) -> bool:
+    """Whether the session has started its `index`th run (a queued one exists only then)."""
+    return (await session.snapshot()).runs[index].status != "queued"
+
+
+def breaker(failing: dict[str, bool]) -> AgentRegistration:
+    """Charges a card with a `safe` tool that fails while `failing["now"]`."""
+
+    @tool
+    async def charge(args: Order, ctx: ToolContext) -> str:
+        """Charge the order."""
+        if failing["now"]:
+            raise RuntimeError("the card network is down")
+        return f"charged {args.order}"
+
+    def answer(request: ModelRequest) -> AssistantMessage:
+        last = request.messages[-1]
+        if isinstance(last, ToolResultMessage):
+            return AssistantMessage(content=f"done: {last.content}")
+        if isinstance(last, UserMessage) and last.content.startswith("charge "):
+            order = last.content.removeprefix("charge ")
+            return AssistantMessage(
+                tool_calls=(ToolCall(call_id="c1", name="charge", arguments={"order": order}),)
+            )
+        return AssistantMessage(content=f"{len(request.messages)} messages so far")
+
+    agent = Agent(id="breaker", model=FunctionModel(answer), instructions="", tools=[charge])
+    return AgentRegistration(
+        agent,
+        version="1",
+        tool_recovery={"charge": "safe"},
+        tool_retry=ToolRetry(max_attempts=2, initial_delay_ms=1, max_delay_ms=1),
+    )
+
+
+class TestFailedAndInterrupted:
+    async def test_a_failed_run_does_not_block_and_is_not_retried_once_the_session_moves_on(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        failing = {"now": True}
+        await runtimes.start([breaker(failing)])
+        twin = await client.start_session("breaker")
+        session = await client.start_session("breaker")
+        early = await twin.submit("charge A-1")
+        failed = await session.submit("charge A-2")
+        for run in (early, failed):
+            await wait_for_status(run, RunStatus.FAILED)
+
+        async def reported() -> bool:
+            return (await session.snapshot()).runs[0].reported == RunStatus.FAILED
+
+        await eventually(reported)
+        after = await session.submit("hello")  # the failed run does not make it busy
+        assert (await after.result()).output == "4 messages so far"
+        with pytest.raises(DurableConflictError, match="a later submission has advanced session"):
+            await failed.retry()
+        await record_history(client, session.session_id, "session_advanced_past_a_failed_run")
+        await record_history(client, failed.run_id, "session_run_ended_by_a_later_submission")
+
+        failing["now"] = False  # the twin session did not move on: its run is retried
+        await early.retry()
+        assert (await early.result()).output == "done: charged A-1"
+
+    async def test_interrupt_cancels_the_open_run_and_its_call_gets_a_result(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        await runtimes.start([asker()])
+        session = await client.start_session("asker")
+        first = await session.submit("where is my order?")
+        await wait_for_status(first, RunStatus.WAITING)
+
+        second = await session.submit("never mind", if_busy="interrupt")
+        assert (await first.snapshot()).status == RunStatus.CANCELLED
+        asked = await wait_for_status(second, RunStatus.WAITING)
+        assert asked.interaction is not None
+
+        snapshot = await session.snapshot()
+        assert [r.status for r in snapshot.runs] == ["cancelled", "open"]
+        assert snapshot.messages == 3  # the question, its call, and the call's result
+        await record_history(client, first.run_id, "session_run_interrupted")
