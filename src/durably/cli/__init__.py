@@ -18,6 +18,11 @@
     durably resolve RUN OP --json V      supply an interrupted tool call's real result
     durably retry RUN                    run a failed run's failed operation again
     durably cancel RUN                   cancel a run and wait until it has closed
+    durably session start AGENT          start a session: one conversation, a run per message
+    durably send SESSION TEXT --wait     the session's next message (--if-busy enqueue)
+    durably session show SESSION         a session's runs in order, its conversation's size
+    durably session list [--open]        find sessions
+    durably session close SESSION        take no more messages; end once its runs are done
 
 `--target`, `--namespace` and `--profile` go before the command or after it
 (`durably --target H approve RUN` or `durably approve RUN --target H`); they
@@ -31,10 +36,10 @@ command that connects encrypts and decrypts payloads with the keys in
 One job per module: `_connection` (the connection options, declared once, and
 how an `async def` becomes a command), `_agents` (where `--agents module:attr`
 is imported from), `_operate` (commands that change runs), `_read` (commands
-that read and render them), `_serve` (worker, dev server, approval keys),
-`_codec` (the codec server, encryption keys),
-`_setup` (a namespace's search attributes), `_versions` (the versions runs
-need), `_terminal` (what reaches the terminal).
+that read and render them), `_sessions` (commands on sessions), `_serve`
+(worker, dev server, approval keys), `_codec` (the codec server, encryption
+keys), `_setup` (a namespace's search attributes), `_versions` (the versions
+runs need), `_terminal` (what reaches the terminal).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import sys
 
 import typer
 
-from durably.cli import _codec, _operate, _read, _serve, _setup, _versions
+from durably.cli import _codec, _operate, _read, _serve, _sessions, _setup, _versions
 from durably.cli._connection import connection_options
 
 __all__ = ["app", "main"]
@@ -61,6 +66,10 @@ app = typer.Typer(
 app.callback()(connection_options)
 runs_app = typer.Typer(help="Find runs and read them.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
+session_app = typer.Typer(
+    help="Sessions: conversations, a run per message (`durably send`).", no_args_is_help=True
+)
+app.add_typer(session_app, name="session")
 
 app.command()(_setup.setup)
 app.command()(_serve.worker)
@@ -79,6 +88,11 @@ app.command()(_read.inbox)
 app.command()(_versions.versions)
 runs_app.command("list")(_read.runs_list)
 runs_app.command("show")(_read.runs_show)
+app.command()(_sessions.send)
+session_app.command("start")(_sessions.session_start)
+session_app.command("show")(_sessions.session_show)
+session_app.command("list")(_sessions.session_list)
+session_app.command("close")(_sessions.session_close)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -79,9 +79,17 @@ async def start(
     run = await client.start_run(agent_id, input, version=version, run_id=run_id)
     console.print(safe(f"Started run {run.run_id}"))
     if wait:
-        result = await run.result()
-        console.print(Text(f"Completed after {result.turns} turn(s)", style="green"))
-        console.print(safe(result.output or "", keep_newlines=True))
+        await print_result(run)
+
+
+async def print_result(run: RunHandle) -> None:
+    """Wait until the run completes and print its output (`start --wait`, `send --wait`).
+
+    A run that fails or is cancelled raises (`DurablyError`): a red line, exit 1.
+    """
+    result = await run.result()
+    console.print(Text(f"Completed after {result.turns} turn(s)", style="green"))
+    console.print(safe(result.output or "", keep_newlines=True))
 
 
 @command

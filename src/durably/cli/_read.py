@@ -1,5 +1,8 @@
 """Commands that read runs and render them: `inbox`, `runs list`, `runs show`.
 
+A run that belongs to a session shows its session id in `inbox` and `runs list`
+(a `session` column, only when some listed run has one).
+
 `--json` output is JSON with every non-ASCII character escaped (`json.dumps`
 escapes what pydantic leaves raw, C1 and bidi controls among it); tables and
 panels show text through `safe`/`printable`.
@@ -45,11 +48,15 @@ async def inbox(as_json: AsJson = False, *, conn: Connection) -> None:
         console.print("Nothing waits for a person.")
         return
     rows = table()
-    for name in ("run id", "agent", "kind", "since", "waiting for", "id / operation"):
-        rows.add_column(name, no_wrap=name != "waiting for")
+    sessions = any(i.session_id for i in items)  # a column only if some run is a session's
+    for name in ("run id", *(["session"] if sessions else []), "agent", "kind", "since"):
+        rows.add_column(name, no_wrap=True)
+    rows.add_column("waiting for")
+    rows.add_column("id / operation", no_wrap=True)
     for i in items:
         rows.add_row(
             safe(i.run_id),
+            *([safe(i.session_id or "-")] if sessions else []),
             safe(i.agent_id or "-"),
             status_text(i.status) if i.kind in ("failed", "blocked") else Text(i.kind),
             local_time(i.since, "%m-%d %H:%M"),
@@ -107,12 +114,15 @@ async def runs_show(
 
 def _runs_table(runs: list[RunSummary]) -> Table:
     rows = table()
-    for name in ("run id", "agent", "fingerprint", "status", "started", "closed"):
+    sessions = any(r.session_id for r in runs)  # a column only if some run is a session's
+    names = ("run id", *(["session"] if sessions else []), "agent", "fingerprint", "status")
+    for name in (*names, "started", "closed"):
         rows.add_column(name, no_wrap=True)
     for r in runs:
         agent = f"{r.agent_id or '-'}@{r.agent_version}" if r.agent_version else r.agent_id
         rows.add_row(
             safe(r.run_id),
+            *([safe(r.session_id or "-")] if sessions else []),
             safe(agent or "-"),
             # Its first digits (--json has it whole).
             fingerprint_text(r.fingerprint, width=8),
