@@ -4,7 +4,8 @@ Every tool and model request writes to a journal on disk (the test's
 `DURABLY_TEST_JOURNAL`) before doing anything else, so the test can see what
 ran, how often, and under which operation_id, across process deaths. The
 idempotent tool records its effect in a real deduplicating HTTP service
-(`DURABLY_TEST_DEDUP_URL`) keyed by operation_id.
+(`DURABLY_TEST_DEDUP_URL`) keyed by operation_id. `session-clerk` is an agent
+for sessions: its model journals every message each request held.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from durably import (
     ToolRetry,
     tool,
 )
-from durably.messages import AssistantMessage, ToolCall
+from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from durably.models import last_tool_results
 
 HEARTBEAT = timedelta(seconds=3)
@@ -137,9 +138,64 @@ def _agent(agent_id: str, tool_name: str, recovery: str, **kw: bool) -> AgentReg
     )
 
 
+@tool
+async def lookup(args: Ticket, ctx: ToolContext) -> str:
+    """Look an order up (order B-8 hangs on its first attempt); journals each effect."""
+    journal(kind="tool", tool="lookup", op=ctx.operation_id, attempt=ctx.attempt, order=args.title)
+    if args.title == "B-8" and ctx.attempt == 1:
+        await hang_until_killed()
+    journal(kind="effect", op=ctx.operation_id)
+    return f"{args.title} ships tomorrow"
+
+
+def said(request: ModelRequest) -> list[str]:
+    """The request's messages as `role: text`, in order (a tool call as `call NAME`)."""
+    shown = []
+    for m in request.messages:
+        if isinstance(m, AssistantMessage) and m.tool_calls:
+            shown.append(f"assistant: call {m.tool_calls[0].name}")
+        elif isinstance(m, ToolResultMessage):
+            shown.append(f"tool: {m.content}")
+        else:
+            shown.append(f"{m.role}: {m.content}")
+    return shown
+
+
+def clerk(request: ModelRequest) -> AssistantMessage:
+    """A session's agent: looks up "where is ORDER", notes anything else; journals
+    what each request held."""
+    info = activity.info()
+    journal(kind="model", run=info.workflow_id, attempt=info.attempt, said=said(request))
+    last = request.messages[-1]
+    if isinstance(last, UserMessage) and last.content.startswith("where is "):
+        order = last.content.removeprefix("where is ")
+        call = ToolCall(id="c1", name="lookup", arguments={"title": order})
+        return AssistantMessage(tool_calls=(call,))
+    if isinstance(last, ToolResultMessage):
+        return AssistantMessage(content=f"It {last.content.split(' ', 1)[1]}.")
+    return AssistantMessage(content=f"noted: {last.content}")
+
+
+def _clerk() -> AgentRegistration:
+    agent = Agent(
+        id="session-clerk",
+        model=FunctionModel(clerk, name="crash-tests.session-clerk"),
+        instructions="",
+        tools=[lookup],
+    )
+    return AgentRegistration(
+        agent,
+        version="1",
+        tool_recovery={"lookup": "safe"},
+        tool_retry=ToolRetry(max_attempts=5, initial_delay_ms=100, max_delay_ms=500),
+        heartbeat_timeout=HEARTBEAT,
+    )
+
+
 registrations = [
     _agent("manual", "manual_hang", "manual"),
     _agent("safe", "safe_hang_once", "safe"),
     _agent("idempotent", "idempotent_effect", "idempotent"),
     _agent("commit-window", "quick", "manual", hang_final_once=True),
+    _clerk(),
 ]
