@@ -368,3 +368,27 @@ class TestFailedAndInterrupted:
         assert [r.status for r in snapshot.runs] == ["cancelled", "open"]
         assert snapshot.messages == 3  # the question, its call, and the call's result
         await record_history(client, first.run_id, "session_run_interrupted")
+
+
+class TestVersions:
+    async def test_a_session_keeps_its_version_until_a_submission_upgrades_it(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        seen: list[list[str]] = []
+        old, new = clerk(seen), clerk(seen)
+        new = AgentRegistration(new.agent, version="2", tool_recovery={"lookup": "safe"})
+        await runtimes.start([old, new])
+        session = await client.start_session("clerk", version="1")
+        await (await session.submit("hello")).result()
+        runs = []
+        for text, upgrade in (("again", False), ("upgrade me", True), ("and now?", False)):
+            run = await session.submit(text, upgrade=upgrade)
+            await run.result()
+            runs.append((await run.snapshot()).agent_version)
+        assert runs == ["1", "2", "2"]
+
+        async def kept() -> bool:
+            return (await session.snapshot()).version == "2"
+
+        await eventually(kept)
+        assert seen[-1][:2] == ["user: hello", "assistant: noted: hello"]

@@ -1017,6 +1017,8 @@ class SubmitRequest(_Model):
 
     input: str
     if_busy: IfBusy = "reject"
+    # Run on the newest registered version, and keep it for the session's later runs.
+    upgrade: bool = False
 
 
 class SubmitAccepted(_Model):
@@ -1048,6 +1050,8 @@ class SessionRun(_Model):
     reported: RunStatus | None = None
     # A later submission asked to interrupt it: the session cancels it.
     interrupt: bool = False
+    # Submitted with `upgrade`: it pins the newest version, which the session then keeps.
+    upgrade: bool = False
 
 
 class SessionCarried(_Model):

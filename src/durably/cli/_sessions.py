@@ -98,12 +98,20 @@ async def send(
             "enqueue it to run after the runs before it, or interrupt (cancel) that run.",
         ),
     ] = IfBusy.REJECT,
+    upgrade: Annotated[
+        bool,
+        typer.Option(
+            "--upgrade",
+            help="Run this message on the newest registered version of the agent; the "
+            "session keeps that version from then on.",
+        ),
+    ] = False,
     *,
     conn: Connection,
 ) -> None:
     """Send TEXT to a session: a run that reads every earlier message of the session."""
     session = await _session(await conn.client(), session_id)
-    run = await session.submit(text, if_busy=if_busy.value)
+    run = await session.submit(text, if_busy=if_busy.value, upgrade=upgrade)
     queued = if_busy != IfBusy.REJECT and await _status(session, run.run_id) == "queued"
     if queued:
         console.print(

@@ -50,7 +50,9 @@ class SessionHandle:
     def __repr__(self) -> str:
         return f"SessionHandle({self.session_id!r})"
 
-    async def submit(self, input: str, *, if_busy: IfBusy = "reject") -> RunHandle:
+    async def submit(
+        self, input: str, *, if_busy: IfBusy = "reject", upgrade: bool = False
+    ) -> RunHandle:
         """The conversation's next user message; returns the handle of its run.
 
         The run reads every earlier message of the session (user, assistant,
@@ -59,9 +61,11 @@ class SessionHandle:
         is recorded) and `"enqueue"` queues the run to start after it: its
         handle names the run, which exists once the session starts it
         (`snapshot()` shows it `queued` until then, `RunNotFoundError` from
-        the handle meanwhile).
+        the handle meanwhile). `upgrade=True` runs this submission on the newest
+        registered version of the agent, and the session keeps that version
+        from then on (never mid-run: the runs before it keep theirs).
         """
-        request = SubmitRequest(input=input, if_busy=if_busy)
+        request = SubmitRequest(input=input, if_busy=if_busy, upgrade=upgrade)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _CATCH_UP_S
         while True:

@@ -217,6 +217,7 @@ class SessionMachine:
             run_id=f"{self.session_id}-{len(self.runs) + 1}-{self._new_id()}",
             status="queued",
             input=request.input,
+            upgrade=request.upgrade,
         )
         self.runs.append(run)
         return SubmitAccepted(run_id=run.run_id, queued=queued)
@@ -295,8 +296,12 @@ class SessionMachine:
         for message in messages:
             self.conversation.append(message)
             self.digest = extend_digest(self.digest, message)
-        if self.version is None and version is not None:
-            self.version = version  # the session keeps what its first run pinned
+        if version is not None and (self.version is None or run.upgrade):
+            self.version = version  # the session keeps what its first (or an upgrading) run pinned
+
+    def version_for(self, run: SessionRun) -> str | None:
+        """The version `run` starts with: the session's, or the newest when it upgrades."""
+        return None if run.upgrade else self.version
 
     def close(self) -> SessionSnapshot:
         if self.error is not None:

@@ -141,7 +141,10 @@ class AgentSessionWorkflow:
         handle = await workflow.start_child_workflow(
             WORKFLOW_TYPE,
             RunInput(
-                agent_id=m.agent_id, input=run.input, version=m.version, session=m.prefix()
+                agent_id=m.agent_id,
+                input=run.input,
+                version=m.version_for(run),
+                session=m.prefix(),
             ).model_dump(mode="json", exclude_none=True),
             id=run.run_id,
             task_queue=info.task_queue,
