@@ -4,6 +4,7 @@ every earlier message, held once by the session and never copied into each run."
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from functools import partial
 
 import pytest
@@ -27,7 +28,13 @@ from durably import (
     tool,
 )
 from durably.contract import SA_SESSION, SESSION_WORKFLOW_TYPE, WORKFLOW_TYPE
-from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
+from durably.messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from durably.tools import question_tool
 
 from .conftest import Runtimes, eventually, record_history, wait_for_status
@@ -392,3 +399,58 @@ class TestVersions:
 
         await eventually(kept)
         assert seen[-1][:2] == ["user: hello", "assistant: noted: hello"]
+
+
+def last_three(messages: Sequence[Message]) -> Sequence[Message]:
+    """A context window: the last three messages (whole turns in this test's script)."""
+    return messages[-3:]
+
+
+class TestContextWindow:
+    async def test_the_model_reads_its_window_and_the_session_keeps_everything(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        seen: list[list[str]] = []
+        plain = clerk(seen)
+        windowed = AgentRegistration(
+            Agent(
+                id="clerk",
+                model=plain.agent.model,
+                instructions="",
+                tools=plain.agent.tools,
+                context_window=last_three,
+            ),
+            version="1",
+            tool_recovery={"lookup": "safe"},
+        )
+        assert windowed.fingerprint != plain.fingerprint
+        assert "context_window" in windowed.fingerprint_parts
+
+        await runtimes.start([windowed])
+        session = await client.start_session("clerk")
+        for text in ("one", "two", "three"):
+            await (await session.submit(text)).result()
+
+        assert seen[-1] == ["user: two", "assistant: noted: two", "user: three"]
+
+        async def kept() -> bool:
+            return (await session.snapshot()).messages == 6
+
+        await eventually(kept)
+
+    async def test_a_window_that_raises_fails_the_request_saying_so(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        def broken(messages: Sequence[Message]) -> Sequence[Message]:
+            raise ValueError("no window today")
+
+        seen: list[list[str]] = []
+        plain = clerk(seen)
+        agent = Agent(
+            id="windowless", model=plain.agent.model, instructions="", context_window=broken
+        )
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("windowless", "hello")
+        failed = await wait_for_status(run, RunStatus.FAILED)
+        assert "context_window failed: ValueError: no window today" in (failed.error or "")
+        assert seen == []  # the model was never asked

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, get_args
@@ -28,7 +28,7 @@ from durably.contract import (
     ToolPolicy,
 )
 from durably.errors import RegistrationError
-from durably.messages import ToolSpec
+from durably.messages import Message, ToolSpec
 from durably.models import Model
 from durably.tools import Tool, tool_identity
 
@@ -53,6 +53,18 @@ class Agent:
 
     `max_turns` bounds the number of model requests in one run; a run that
     reaches it without a final answer fails (and can be retried).
+
+    `context_window`, if given, chooses what the model reads of the
+    transcript (a session's whole conversation included) on each request:
+    a function of the messages, returning those to send, run inside the
+    model activity when the request is built. It never rewrites history:
+    the run and its session keep every message. It is part of the
+    registration's fingerprint by its qualified name (a renamed function is
+    a new version); it must be deterministic and keep each tool call with
+    its result.
+
+    .. versionchanged:: Unreleased
+       The `context_window` keyword.
     """
 
     id: str
@@ -60,6 +72,7 @@ class Agent:
     instructions: str
     tools: Sequence[Tool[Any]] = ()
     max_turns: int = 20
+    context_window: Callable[[Sequence[Message]], Sequence[Message]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
@@ -71,6 +84,11 @@ class Agent:
             )
         if self.max_turns < 1:
             raise RegistrationError(f"agent {self.id!r}: max_turns must be at least 1")
+        if self.context_window is not None and not callable(self.context_window):
+            raise RegistrationError(
+                f"agent {self.id!r}: context_window must be a function of the messages, "
+                f"got {type(self.context_window).__name__}"
+            )
         if not isinstance(self.model, Model):
             raise RegistrationError(
                 f"agent {self.id!r}: model {self.model!r} does not implement durably.Model "
@@ -297,6 +315,11 @@ class AgentRegistration:
         }
         if self.approvers:  # absent before approvers existed: earlier fingerprints hold
             data["approvers"] = {name: list(people) for name, people in self.approvers.items()}
+        window = self.agent.context_window
+        if window is not None:  # likewise absent unless set
+            data["context_window"] = (
+                f"{getattr(window, '__module__', '?')}.{getattr(window, '__qualname__', '?')}"
+            )
         return data
 
     @functools.cached_property

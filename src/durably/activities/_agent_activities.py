@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import logging
 import re
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -63,6 +64,7 @@ from durably.messages import (
     ModelRequest,
     ToolCall,
     ToolResultMessage,
+    UserMessage,
 )
 from durably.models import classify_model_error
 from durably.registry import AgentRegistry
@@ -89,6 +91,36 @@ _UNSAFE_IN_CALL_ID = re.compile(r"[%/\x00-\x1f\x7f-\x9f]")
 _MAX_RESULT_BYTES = 2 * 2**20 - 64 * 2**10
 # What the model reads about a call it may not make: enough to correct it.
 _MAX_CALL_ERROR = 2_000
+
+
+_MESSAGE_TYPES = (UserMessage, AssistantMessage, ToolResultMessage)
+
+
+def _in_window(
+    window: Callable[[Sequence[Message]], Sequence[Message]] | None,
+    messages: tuple[Message, ...],
+    key: str,
+) -> tuple[Message, ...]:
+    """What the model reads of `messages`: the agent's `context_window` of them, if any.
+    A window that raises or returns something else fails the request, not retried (it
+    would do the same again): fix it in a new version, then `retry()` the run."""
+    if window is None:
+        return messages
+    try:
+        chosen = tuple(window(messages))
+        if not all(
+            isinstance(m, (UserMessage, AssistantMessage, ToolResultMessage)) for m in chosen
+        ):
+            raise TypeError("it must return messages (durably.messages)")
+    except Exception as exc:
+        _log_failure("the agent's context_window failed", key, exc)
+        raise ApplicationError(
+            f"the agent's context_window failed: {type(exc).__name__}: {exc}",
+            type=ErrorType.POST_PROCESSING,
+            category=_LOGGED,
+            non_retryable=True,
+        ) from None
+    return chosen
 
 
 def _heartbeat_interval(timeout: timedelta | None) -> float:
@@ -205,7 +237,7 @@ class AgentActivities:
             # for the whole transcript on every turn.
             request = ModelRequest.model_construct(
                 instructions=agent.instructions,
-                messages=(*before[0], *messages),
+                messages=_in_window(agent.context_window, (*before[0], *messages), call.key),
                 tools=agent.tool_specs,
             )
             try:
