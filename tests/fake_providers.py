@@ -131,6 +131,11 @@ class FakeProvider:
         """The tool results at the end of a request body."""
         raise NotImplementedError
 
+    def unanswered_calls(self, body: Mapping[str, Any]) -> list[str]:
+        """The ids of tool calls in a request's transcript that have no result right after
+        them: the provider refuses such a request with a 400, and so does the fake."""
+        raise NotImplementedError
+
     # -- the server ---------------------------------------------------------------------
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -149,7 +154,16 @@ class FakeProvider:
                             at=time.monotonic(),
                         )
                     )
-                    reply = fake._replies.popleft() if fake._replies else None
+                    unanswered = fake.unanswered_calls(fake._received[-1].body)
+                    reply = None
+                    if not unanswered:
+                        reply = fake._replies.popleft() if fake._replies else None
+                if unanswered:
+                    reply = fake.error(
+                        400,
+                        f"fake server: tool calls {unanswered} have no result after them",
+                        {"x-should-retry": "false"},
+                    )
                 if reply is None:
                     reply = fake.error(
                         400, "fake server: no reply scripted", {"x-should-retry": "false"}
@@ -224,6 +238,9 @@ class FakeOpenAI(FakeProvider):
             headers=headers,
         )
 
+    def unanswered_calls(self, body: Mapping[str, Any]) -> list[str]:
+        return _openai_unanswered(list(body.get("messages", [])))
+
     def tool_results(self, body: Mapping[str, Any]) -> list[SeenResult]:
         tail = list(itertools.takewhile(lambda m: m["role"] == "tool", reversed(body["messages"])))
         return [
@@ -234,6 +251,37 @@ class FakeOpenAI(FakeProvider):
             )
             for m in reversed(tail)
         ]
+
+
+def _openai_unanswered(messages: list[Mapping[str, Any]]) -> list[str]:
+    """As OpenAI checks: an assistant message's tool calls are each answered by the `tool`
+    messages that follow it."""
+    missing: list[str] = []
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant" or not m.get("tool_calls"):
+            continue
+        after = itertools.takewhile(lambda n: n.get("role") == "tool", messages[i + 1 :])
+        answered = {n.get("tool_call_id") for n in after}
+        missing += [c["id"] for c in m["tool_calls"] if c["id"] not in answered]
+    return missing
+
+
+def _anthropic_unanswered(messages: list[Mapping[str, Any]]) -> list[str]:
+    """As Anthropic checks: each `tool_use` block is answered by a `tool_result` block in
+    the very next (user) message."""
+    missing: list[str] = []
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant" or not isinstance(m.get("content"), list):
+            continue
+        uses = [b["id"] for b in m["content"] if b.get("type") == "tool_use"]
+        following = messages[i + 1]["content"] if i + 1 < len(messages) else []
+        answered = {
+            b.get("tool_use_id")
+            for b in (following if isinstance(following, list) else [])
+            if b.get("type") == "tool_result"
+        }
+        missing += [u for u in uses if u not in answered]
+    return missing
 
 
 def _completion(message: dict[str, Any], finish: str, usage: tuple[int, int]) -> dict[str, Any]:
@@ -286,6 +334,9 @@ class FakeAnthropic(FakeProvider):
             status=status,
             headers=headers,
         )
+
+    def unanswered_calls(self, body: Mapping[str, Any]) -> list[str]:
+        return _anthropic_unanswered(list(body.get("messages", [])))
 
     def tool_results(self, body: Mapping[str, Any]) -> list[SeenResult]:
         last = body["messages"][-1]

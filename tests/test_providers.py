@@ -56,8 +56,9 @@ from durably.models._openai import (
     openai_tools,
 )
 from durably.models._provider import retry_after
+from durably.tools import question_tool
 
-from .conftest import Runtimes
+from .conftest import Runtimes, wait_for_status
 from .fake_providers import FakeAnthropic, FakeOpenAI, FakeProvider, Reply, SeenResult
 
 # The 500 waits this long. The dev server does not retry sooner than about a
@@ -351,6 +352,39 @@ class TestBothProviders:
 
         assert len(fake.received) == 1
         assert "messages: unknown field" in ((await run.snapshot()).error or "")
+
+
+class TestSessionsOnTheWire:
+    async def test_an_interrupted_runs_transcript_is_accepted_by_the_provider(
+        self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider
+    ) -> None:
+        """A run interrupted while its call waits leaves that call without a result; the
+        session gives it one, so the next request is one the provider accepts (the fake,
+        like the provider, refuses a call without a result)."""
+        agent = Agent(
+            id="asks",
+            model=fake.model(),
+            instructions="Help with orders.",
+            tools=[question_tool(name="ask_user", description="Ask the customer.")],
+        )
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        fake.script(
+            fake.tool_calls(("q1", "ask_user", {"question": "Which order?"})),
+            fake.text("No problem."),
+        )
+        session = await client.start_session("asks")
+        first = await session.submit("Where is my order?")
+        await wait_for_status(first, RunStatus.WAITING)
+
+        second = await session.submit("Never mind.", if_busy="interrupt")
+
+        assert (await second.result()).output == "No problem."
+        sent = fake.received[-1].body
+        assert fake.unanswered_calls(sent) == []
+        assert "not run: run" in json.dumps(sent)
+        asked = next(i for i, m in enumerate(sent["messages"]) if m["role"] == "assistant")
+        dangling = {**sent, "messages": sent["messages"][: asked + 1]}  # no result after it
+        assert fake.unanswered_calls(dangling) == ["q1"]
 
 
 class TestUnreadableAnswers:
