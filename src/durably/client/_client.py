@@ -7,7 +7,7 @@ import json
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.common import (
@@ -124,36 +124,52 @@ class DurableClient:
         """
         _check_start(agent_id, input, version, run_id)
         run_id = run_id if run_id is not None else f"{agent_id}-{uuid.uuid4().hex[:12]}"
+        await self._start(
+            WORKFLOW_TYPE,
+            # What a person reads as the run's Input in the Web UI: no internal fields.
+            RunInput(agent_id=agent_id, input=input, version=version).model_dump(exclude_none=True),
+            workflow_id=run_id,
+            what="run",
+            search_attributes=[
+                SearchAttributePair(SA_STATUS, RunStatus.RUNNING.value),
+                SearchAttributePair(SA_AGENT, agent_id),
+            ],
+            # The Web UI renders the summary as Markdown; the input is anyone's text.
+            summary=f"{agent_id}: {md_text(_shorten(input, 120))}",
+        )
+        return RunHandle(self.temporal, run_id)
+
+    async def _start(
+        self,
+        workflow_type: str,
+        arg: dict[str, Any],
+        *,
+        workflow_id: str,
+        what: Literal["run", "session"],
+        search_attributes: list[SearchAttributePair[str]],
+        summary: str,
+    ) -> None:
+        """Start a run or a session under an id never used before, or say why not."""
         try:
             await self.temporal.start_workflow(
-                WORKFLOW_TYPE,
-                # What a person reads as the run's Input in the Web UI: no internal fields.
-                RunInput(agent_id=agent_id, input=input, version=version).model_dump(
-                    exclude_none=True
-                ),
-                id=run_id,
+                workflow_type,
+                arg,
+                id=workflow_id,
                 task_queue=self.task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(SA_STATUS, RunStatus.RUNNING.value),
-                        SearchAttributePair(SA_AGENT, agent_id),
-                    ]
-                ),
-                # The Web UI renders the summary as Markdown; the input is anyone's text.
-                static_summary=f"{agent_id}: {md_text(_shorten(input, 120))}",
+                search_attributes=TypedSearchAttributes(search_attributes),
+                static_summary=summary,
             )
         except WorkflowAlreadyStartedError as err:
             raise DurableConflictError(
-                f"run id {run_id!r} was already used; run ids are never reused. "
-                "Pick a new run_id, or omit it to get a generated one."
+                f"{what} id {workflow_id!r} was already used; {what} ids are never reused. "
+                f"Pick a new {what}_id, or omit it to get a generated one."
             ) from err
         except RPCError as err:
-            raise self._start_error(err, run_id) from err
-        return RunHandle(self.temporal, run_id)
+            raise self._start_error(err, workflow_id, what) from err
 
-    def _start_error(self, err: RPCError, run_id: str) -> DurablyError:
+    def _start_error(self, err: RPCError, workflow_id: str, what: str) -> DurablyError:
         """What a refused start means: missing search attributes, an input too large, …"""
         message = err.message.lower()
         if err.status == RPCStatusCode.INVALID_ARGUMENT and "search attribute" in message:
@@ -165,12 +181,12 @@ class DurableClient:
             )
         if too_large(err):
             return InvalidRunInputError(
-                f"Temporal refused to start run {run_id!r}: its input is too large once encoded "
-                f"({err.message}; control characters take 6 bytes each in JSON, and Temporal "
-                "refuses payloads over 2 MB). Nothing was started: pass a shorter input, or "
-                "store the data elsewhere and pass a reference to it."
+                f"Temporal refused to start {what} {workflow_id!r}: its input is too large once "
+                f"encoded ({err.message}; control characters take 6 bytes each in JSON, and "
+                "Temporal refuses payloads over 2 MB). Nothing was started: pass a shorter "
+                "input, or store the data elsewhere and pass a reference to it."
             )
-        return temporal_error(err, self.temporal, f"the start of run {run_id!r}")
+        return temporal_error(err, self.temporal, f"the start of {what} {workflow_id!r}")
 
     async def start_session(
         self, agent_id: str, *, session_id: str | None = None, version: str | None = None
@@ -184,29 +200,17 @@ class DurableClient:
         session_id = (
             session_id if session_id is not None else f"{agent_id}-s-{uuid.uuid4().hex[:12]}"
         )
-        try:
-            await self.temporal.start_workflow(
-                SESSION_WORKFLOW_TYPE,
-                SessionInput(agent_id=agent_id, version=version).model_dump(exclude_none=True),
-                id=session_id,
-                task_queue=self.task_queue,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(SA_AGENT, agent_id),
-                        SearchAttributePair(SA_SESSION, session_id),
-                    ]
-                ),
-                static_summary=f"session with {agent_id}",
-            )
-        except WorkflowAlreadyStartedError as err:
-            raise DurableConflictError(
-                f"session id {session_id!r} was already used; session ids are never reused. "
-                "Pick a new session_id, or omit it to get a generated one."
-            ) from err
-        except RPCError as err:
-            raise self._start_error(err, session_id) from err
+        await self._start(
+            SESSION_WORKFLOW_TYPE,
+            SessionInput(agent_id=agent_id, version=version).model_dump(exclude_none=True),
+            workflow_id=session_id,
+            what="session",
+            search_attributes=[
+                SearchAttributePair(SA_AGENT, agent_id),
+                SearchAttributePair(SA_SESSION, session_id),
+            ],
+            summary=f"session with {agent_id}",
+        )
         return SessionHandle(self.temporal, session_id)
 
     async def get_session(self, session_id: str) -> SessionHandle:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowFailureError,
+    WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
@@ -519,31 +521,21 @@ class RunHandle:
     async def _update(
         self, name: str, arg: BaseModel, result_type: type[Any], *, update_id: str | None = None
     ) -> Any:
-        try:
-            return await self._handle.execute_update(
-                name, arg, result_type=result_type, id=update_id
-            )
-        except WorkflowUpdateFailedError as err:
-            raise (
-                durably_error(err.cause)
-                or DurablyError(f"run {self.run_id!r} rejected {name}: {err.cause}")
-            ) from err
-        except WorkflowUpdateRPCTimeoutOrCancelledError as err:
-            raise TemporalUnavailableError(
-                f"Temporal at {_address(self._client)} did not confirm {name} of run "
-                f"{self.run_id!r} in time; it may still be applied. Read the run's snapshot "
-                "to see whether it was before sending it again.",
-                status=RPCStatusCode.DEADLINE_EXCEEDED,
-            ) from err
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise await self._not_open(name) from err
-            if too_large(err):
-                raise InvalidResponseError(
-                    f"the {name} request is too large for Temporal ({err.message}); "
-                    "send a smaller one"
-                ) from err
-            raise temporal_error(err, self._client, f"{name} of run {self.run_id!r}") from err
+        return await execute_update(
+            self._client,
+            self._handle,
+            name,
+            arg,
+            result_type,
+            subject=f"run {self.run_id!r}",
+            refused=self._refused_update,
+            update_id=update_id,
+        )
+
+    async def _refused_update(self, err: RPCError, name: str) -> DurablyError:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return await self._not_open(name)
+        return temporal_error(err, self._client, f"{name} of run {self.run_id!r}")
 
     async def cancel(self) -> None:
         """Cancel the run: the running tool's `abort_signal` is set, then the run closes.
@@ -647,6 +639,41 @@ def temporal_error(err: RPCError, client: Client, operation: str) -> DurablyErro
     return DurablyError(
         f"Temporal at {address} refused {operation} ({err.status.name}: {err.message}); {advice}"
     )
+
+
+async def execute_update(
+    client: Client,
+    handle: WorkflowHandle[Any, Any],
+    name: str,
+    arg: BaseModel,
+    result_type: type[Any],
+    *,
+    subject: str,
+    refused: Callable[[RPCError, str], Awaitable[DurablyError]],
+    update_id: str | None = None,
+    too_large_as: type[DurablyError] = InvalidResponseError,
+) -> Any:
+    """An update of a run or a session (`subject` names it), every failure as the durably
+    error it stands for; `refused` maps what else Temporal refuses (a closed workflow)."""
+    try:
+        return await handle.execute_update(name, arg, result_type=result_type, id=update_id)
+    except WorkflowUpdateFailedError as err:
+        raise (
+            durably_error(err.cause) or DurablyError(f"{subject} rejected {name}: {err.cause}")
+        ) from err
+    except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+        raise TemporalUnavailableError(
+            f"Temporal at {_address(client)} did not confirm {name} of {subject} in "
+            "time; it may still be applied. Read its snapshot to see whether it was before "
+            "sending it again.",
+            status=RPCStatusCode.DEADLINE_EXCEEDED,
+        ) from err
+    except RPCError as err:
+        if too_large(err):
+            raise too_large_as(
+                f"the {name} request is too large for Temporal ({err.message}); send a smaller one"
+            ) from err
+        raise await refused(err, name) from err
 
 
 def too_large(err: RPCError) -> bool:

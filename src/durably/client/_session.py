@@ -9,12 +9,10 @@ from pydantic import BaseModel
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
-    WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from durably.client._handle import RunHandle, durably_error, temporal_error, too_large
+from durably.client._handle import RunHandle, execute_update, temporal_error
 from durably.contract import (
     CloseRequest,
     IfBusy,
@@ -28,7 +26,6 @@ from durably.errors import (
     DurablyError,
     InvalidRunInputError,
     RunNotFoundError,
-    TemporalUnavailableError,
 )
 
 __all__ = ["SessionHandle"]
@@ -121,26 +118,19 @@ class SessionHandle:
         return closed
 
     async def _update(self, name: str, arg: BaseModel, result_type: type[Any]) -> Any:
-        try:
-            return await self._handle.execute_update(name, arg, result_type=result_type)
-        except WorkflowUpdateFailedError as err:
-            raise (
-                durably_error(err.cause)
-                or DurablyError(f"session {self.session_id!r} rejected {name}: {err.cause}")
-            ) from err
-        except WorkflowUpdateRPCTimeoutOrCancelledError as err:
-            raise TemporalUnavailableError(
-                f"Temporal did not confirm {name} of session {self.session_id!r} in time; it "
-                "may still be applied. Read the session's snapshot before sending it again.",
-                status=RPCStatusCode.DEADLINE_EXCEEDED,
-            ) from err
-        except RPCError as err:
-            if too_large(err):
-                raise InvalidRunInputError(
-                    f"the {name} request is too large for Temporal ({err.message}); "
-                    "send a smaller one"
-                ) from err
-            raise self._error(err, name) from err
+        return await execute_update(
+            self._client,
+            self._handle,
+            name,
+            arg,
+            result_type,
+            subject=f"session {self.session_id!r}",
+            refused=self._refused_update,
+            too_large_as=InvalidRunInputError,
+        )
+
+    async def _refused_update(self, err: RPCError, name: str) -> DurablyError:
+        return self._error(err, name)
 
     def _error(self, err: RPCError, what: str) -> DurablyError:
         if err.status == RPCStatusCode.NOT_FOUND and "already completed" in err.message:
