@@ -6,7 +6,7 @@ whole conversation, each message once, in order."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +18,12 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from durably import DurableClient, DurableRuntime, SessionHandle
+from durably import DurableClient, DurableRuntime
 from durably.dev import DevServer
 
 from .conftest import eventually, free_ports, operation_id, serving
 from .test_crash_recovery import Crashes
-from .test_sessions import clerk
+from .test_sessions import clerk, holds
 
 CONVERSATION = [
     "user: where is A-7",
@@ -36,15 +36,6 @@ CONVERSATION = [
     "assistant: It ships tomorrow.",
     "user: thanks",
 ]
-
-
-def holds(session: SessionHandle, messages: int) -> Callable[[], Awaitable[bool]]:
-    """Whether the session has taken its closed runs' messages, `messages` in all."""
-
-    async def check() -> bool:
-        return (await session.snapshot()).messages == messages
-
-    return check
 
 
 @pytest.fixture

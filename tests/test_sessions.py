@@ -4,7 +4,7 @@ every earlier message, held once by the session and never copied into each run."
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 import pytest
@@ -55,6 +55,16 @@ def said(request: ModelRequest) -> list[str]:
         else:
             shown.append(f"{m.role}: {m.content}")
     return shown
+
+
+def holds(session: SessionHandle, messages: int) -> Callable[[], Awaitable[bool]]:
+    """Whether the session has taken its closed runs' messages, `messages` in all (a
+    run's result reaches its caller a moment before its session has its messages)."""
+
+    async def check() -> bool:
+        return (await session.snapshot()).messages == messages
+
+    return check
 
 
 def clerk(seen: list[list[str]]) -> AgentRegistration:
@@ -124,11 +134,7 @@ class TestConversation:
             "assistant: It ships tomorrow.",
             "user: thanks",
         ]
-
-        async def caught_up() -> bool:  # the session takes a closed run's messages next
-            return (await session.snapshot()).messages == 8
-
-        await eventually(caught_up)
+        await eventually(holds(session, 8))
         snapshot = await session.snapshot()
         await record_history(client, session.session_id, "session_three_submissions")
         await record_history(
@@ -147,11 +153,7 @@ class TestConversation:
         first = await runtimes.start([clerk(seen)])
         session = await client.start_session("clerk")
         await (await session.submit("hello")).result()
-
-        async def taken() -> bool:
-            return (await session.snapshot()).messages == 2
-
-        await eventually(taken)
+        await eventually(holds(session, 2))
         await first.close()
         await client.temporal.workflow_service.reset_sticky_task_queue(
             ResetStickyTaskQueueRequest(
@@ -259,11 +261,7 @@ class TestContinueAsNew:
         for i, run in enumerate(runs):
             await eventually(partial(is_started, session, i))
             await run.result()
-
-        async def all_taken() -> bool:
-            return (await session.snapshot()).messages == 8
-
-        await eventually(all_taken)
+        await eventually(holds(session, 8))
         chain = await continued_runs(client, session_id)
         assert chain >= 2, "the session continued as new at least twice"
         await record_history(client, session_id, "session_continued_as_new_between_runs")
@@ -432,11 +430,7 @@ class TestContextWindow:
             await (await session.submit(text)).result()
 
         assert seen[-1] == ["user: two", "assistant: noted: two", "user: three"]
-
-        async def kept() -> bool:
-            return (await session.snapshot()).messages == 6
-
-        await eventually(kept)
+        await eventually(holds(session, 6))
 
     async def test_a_window_that_raises_fails_the_request_saying_so(
         self, client: DurableClient, runtimes: Runtimes
