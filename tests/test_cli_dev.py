@@ -162,6 +162,13 @@ async def demo_runs(dev: DurablyDev) -> tuple[str, str]:
     return runs[0], runs[1]
 
 
+def demo_session(dev: DurablyDev) -> tuple[str, list[str]]:
+    """The demo session's id and its runs, one per message, as printed."""
+    session = dev.line_with("Demo session: ").removeprefix("Demo session: ")
+    prefix = "  Session run: "
+    return session, [line.removeprefix(prefix) for line in dev.lines if line.startswith(prefix)]
+
+
 async def test_dev_demo_completes_one_run_leaves_one_waiting_and_ctrl_c_leaves_no_process(
     tmp_path: Path,
 ) -> None:
@@ -219,6 +226,19 @@ async def test_dev_demo_completes_one_run_leaves_one_waiting_and_ctrl_c_leaves_n
         assert result.output is not None and "I opened ticket T-1001" in result.output
         assert await asyncio.to_thread(http_status, f"http://127.0.0.1:{ui_port}/") == 200
 
+        # The two-message session: the second answer recalls what the first suggested.
+        session_id, session_runs = demo_session(dev)
+        assert len(session_runs) == 2, dev.output
+        assert "KB-210" in dev.line_with("  Answer 1: ")
+        second = dev.line_with("  Answer 2: ")
+        assert "KB-031" in second and "Earlier I suggested KB-210" in second
+        session = await client.get_session(session_id)
+        assert [r.run_id for r in await session.runs()] == session_runs
+        send = shlex.split(dev.line_with(f" send {session_id} "))
+        sent = await durably_cli(*send[1:])
+        assert sent.returncode == 0, sent.stderr
+        assert "Earlier I suggested KB-031" in sent.stdout, sent.stdout
+
         missing = await durably_cli("runs", "show", "no-such-run", "--target", f"127.0.0.1:{port}")
         assert missing.returncode == 1
         assert "no run 'no-such-run'" in missing.stderr
@@ -241,6 +261,7 @@ async def test_dev_rerun_reuses_the_database_and_finishes_unfinished_runs(
     first = await DurablyDev.start(db, port, ui_port, "--demo")
     try:
         demo_run, waiting_run = await demo_runs(first)
+        _, session_runs = demo_session(first)
         approve = shlex.split(first.line_with(f" approve {waiting_run} "))
         first_target = f"127.0.0.1:{port}"
         assert await first.ctrl_c() == 0, first.output
@@ -270,6 +291,7 @@ async def test_dev_rerun_reuses_the_database_and_finishes_unfinished_runs(
         assert result.output is not None and "I opened ticket T-1001" in result.output
 
         expected = {demo_run: "completed", waiting_run: "completed", pending.run_id: "completed"}
+        expected |= dict.fromkeys(session_runs, "completed")
         statuses: dict[str, str] = {}
 
         async def listed_as_expected() -> bool:  # visibility trails the last upsert

@@ -282,8 +282,43 @@ async def _serve(
 
 
 async def _demo(client: DurableClient, server: DevServer) -> None:
-    """Two runs of the example: the knowledge base answers the first, which completes
-    unattended; the second opens a ticket, so it waits for a person's approval."""
+    """Two runs of the example and a session of two messages: the knowledge base answers
+    the first run, which completes unattended; the second opens a ticket, so it waits for a
+    person's approval; the session's second answer recalls its first."""
+
+    await _demo_runs(client, server)
+    await _demo_session(client, server)
+
+
+async def _demo_session(client: DurableClient, server: DevServer) -> None:
+    from durably.examples import support_desk
+
+    session = await client.start_session(support_desk.AGENT_ID)
+    console.print(Text(f"Demo session: {session.session_id}", style="bold"))
+    console.print(Text(f"  Web UI: {server.workflow_url(session.session_id)}"))
+    for number, text in enumerate(support_desk.demo_conversation(), start=1):
+        console.print(Text(f"  Message {number}: {text}"))
+        try:
+            run = await session.submit(text)
+            console.print(Text(f"  Session run: {run.run_id}"))
+            snap = await _settled(run)
+        except DurablyError as err:
+            err_console.print(safe(f"Demo session did not answer: {err}", style="red"))
+            return
+        if snap.status != RunStatus.COMPLETED:
+            err_console.print(
+                safe(f"Demo session run {run.run_id} is {snap.status.value}", style="red")
+            )
+            return
+        console.print(safe(f"  Answer {number}: {snap.output}", keep_newlines=True, style="green"))
+    durably = _command("durably")
+    target = "" if server.port == 7233 else f" --target {server.address}"
+    sid = shlex.quote(session.session_id)
+    console.print(Text("Go on with the conversation:", style="bold"))
+    console.print(safe(f"  {durably} send {sid} 'My print jobs are stuck again'{target} --wait"))
+
+
+async def _demo_runs(client: DurableClient, server: DevServer) -> None:
     from durably.examples import support_desk
 
     inputs = (support_desk.demo_input_unattended(), support_desk.demo_input())

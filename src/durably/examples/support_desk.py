@@ -41,8 +41,20 @@ import structlog
 from pydantic import BaseModel, Field
 
 from durably.agents import Agent, AgentRegistration, ModelRetry
-from durably.messages import AssistantMessage, ModelRequest, ToolResultMessage, UserMessage
-from durably.models import Model, ScriptedModel, last_tool_results, tool_call
+from durably.messages import (
+    AssistantMessage,
+    Message,
+    ModelRequest,
+    ToolResultMessage,
+    UserMessage,
+)
+from durably.models import (
+    Model,
+    ScriptedModel,
+    last_tool_results,
+    since_last_user_message,
+    tool_call,
+)
 from durably.tools import ToolContext, tool
 
 __all__ = [
@@ -55,6 +67,7 @@ __all__ = [
     "build_model",
     "build_registrations",
     "create_ticket",
+    "demo_conversation",
     "demo_input",
     "demo_input_unattended",
     "registrations",
@@ -213,7 +226,9 @@ async def create_ticket(args: TicketArgs, ctx: ToolContext) -> Ticket:
 
 
 def _question(request: ModelRequest) -> str:
-    return next((m.content for m in request.messages if isinstance(m, UserMessage)), "")
+    """The user's latest message: in a session, the submission this run answers."""
+    users = (m.content for m in reversed(request.messages) if isinstance(m, UserMessage))
+    return next(users, "")
 
 
 def _shorten(text: str, width: int) -> str:
@@ -221,12 +236,26 @@ def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _searches(messages: list[Message]) -> list[list[Article]]:
+    """The articles of each successful search among `messages`, oldest first."""
+    return [
+        SearchResult.model_validate_json(m.content).articles
+        for m in messages
+        if isinstance(m, ToolResultMessage) and m.tool == "search_kb" and not m.is_error
+    ]
+
+
 def _articles(request: ModelRequest) -> list[Article]:
-    """The articles of the run's latest successful search."""
-    for m in reversed(request.messages):
-        if isinstance(m, ToolResultMessage) and m.tool == "search_kb" and not m.is_error:
-            return SearchResult.model_validate_json(m.content).articles
-    return []
+    """The articles of this run's latest successful search."""
+    searches = _searches(since_last_user_message(request))
+    return searches[-1] if searches else []
+
+
+def _suggested_earlier(request: ModelRequest) -> list[str]:
+    """The ids of the articles found for earlier messages of the conversation (a session)."""
+    current = len(since_last_user_message(request))
+    earlier = list(request.messages[: len(request.messages) - current])
+    return list(dict.fromkeys(a.id for found in _searches(earlier) for a in found))
 
 
 def search_step(request: ModelRequest) -> AssistantMessage:
@@ -245,8 +274,10 @@ def triage_step(request: ModelRequest) -> AssistantMessage:
     question = _question(request)
     articles = _articles(request)
     if articles and all(a.self_service for a in articles):
+        earlier = [i for i in _suggested_earlier(request) if i not in {a.id for a in articles}]
+        recap = f" Earlier I suggested {', '.join(earlier)}." if earlier else ""
         return AssistantMessage(
-            content=f"You can fix this yourself. {_tips(articles)} "
+            content=f"You can fix this yourself. {_tips(articles)}{recap} "
             "If that does not help, tell me and I will open a ticket."
         )
     found = "; ".join(f"{a.id} {a.title}" for a in articles) or "none"
@@ -347,3 +378,9 @@ def demo_input() -> str:
 def demo_input_unattended() -> str:
     """A sample request the knowledge base answers: its run completes unattended."""
     return "My printer queue is stuck"
+
+
+def demo_conversation() -> tuple[str, str]:
+    """Two messages of one session, each answered unattended; the second answer recalls
+    what the first suggested, which only a run reading the whole conversation can."""
+    return demo_input_unattended(), "I also forgot my password"

@@ -34,6 +34,7 @@ from durably.models._function import (
     Step,
     final,
     last_tool_results,
+    since_last_user_message,
     tool_call,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "classify_model_error",
     "final",
     "last_tool_results",
+    "since_last_user_message",
     "tool_call",
 ]
 

@@ -14,10 +14,12 @@ from typing import Any
 
 from durably.messages import (
     AssistantMessage,
+    Message,
     ModelRequest,
     ModelResponse,
     ToolCall,
     ToolResultMessage,
+    UserMessage,
 )
 from durably.models._base import RETRYABLE, ErrorClassifier, ModelErrorVerdict
 
@@ -27,6 +29,7 @@ __all__ = [
     "Step",
     "final",
     "last_tool_results",
+    "since_last_user_message",
     "tool_call",
 ]
 
@@ -99,8 +102,10 @@ class ScriptedModel:
 
     Each step is a final answer (`str`), one or several `ToolCall`s, an
     `AssistantMessage`/`ModelResponse`, or a function of the request. The
-    step is chosen by how many assistant messages the request already holds,
-    so a retried or resumed request gets the same step again.
+    step is chosen by how many assistant messages the request holds after its
+    last user message, so a retried or resumed request gets the same step
+    again, and each submission of a session plays the script from the start
+    while its steps can still read the whole conversation.
     """
 
     def __init__(self, steps: Sequence[Step], *, name: str = "scripted") -> None:
@@ -118,7 +123,8 @@ class ScriptedModel:
         }
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        index = sum(1 for m in request.messages if isinstance(m, AssistantMessage))
+        current = since_last_user_message(request)
+        index = sum(1 for m in current if isinstance(m, AssistantMessage))
         if index >= len(self._steps):
             raise IndexError(
                 f"ScriptedModel {self._name!r} has {len(self._steps)} steps but was asked for "
@@ -144,6 +150,15 @@ def _describe(step: Step) -> Any:
     if callable(step):
         return {"function": _qualname(step)}
     return [c.model_dump(mode="json", by_alias=True) for c in step]
+
+
+def since_last_user_message(request: ModelRequest) -> list[Message]:
+    """The messages after the request's last user message: what this run's model and tools
+    added (in a session, earlier submissions' messages come before that user message)."""
+    tail = list(
+        itertools.takewhile(lambda m: not isinstance(m, UserMessage), reversed(request.messages))
+    )
+    return tail[::-1]
 
 
 def last_tool_results(request: ModelRequest) -> list[ToolResultMessage]:
