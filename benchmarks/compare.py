@@ -34,6 +34,10 @@ run costs besides its turns and what each further turn costs (from N=5 and
 the next N), and throughput; encrypted durably (b') is set against (b) the
 same way (target: wall per turn <= 1.15x at N=50).
 
+``python benchmarks/compare.py sessions [options]`` runs the conversation workload
+instead: a session of N submissions against a raw-Temporal floor and the two
+integrations' sessions (``sessions.py``, whose ``--help`` it takes).
+
 Run ``python benchmarks/compare.py`` for the full measurement (N = 5, 50 and
 200, throughput at 20, 50 and 200, 500-turn runs of (a), (a'), (b) and (b'); it
 writes ``docs/benchmarks.md`` and ``docs/benchmarks_history.png``),
@@ -1548,7 +1552,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Plan, bool]:
 
 
 async def main(argv: Sequence[str] | None = None) -> None:
-    plan, docs = parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["sessions"]:  # the conversation workload (issue 15) lives beside this one
+        import sessions
+
+        await sessions.main(args[1:])
+        return
+    plan, docs = parse_args(args)
     if OPENAI in plan.impls:
         _require("temporalio.openai_agents", "temporalio-openai-agents openai-agents")
     if PYDANTIC in plan.impls:

@@ -1055,6 +1055,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
         help="print submission N's history of the floor and durably by event type",
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per submission (120)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     n = args.submissions
     if n < AT:
@@ -1118,7 +1119,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
         print(line)
     shown = "; ".join(f"{w}: {' / '.join(f'{x:.2f}' for x in v)}" for w, v in load)
     print(f"load average: {shown}; {elapsed / 60:.1f} minutes")
-    print("command: " + " ".join(["python benchmarks/sessions.py", *sys.argv[1:]]))
+    print("command: " + " ".join(["python benchmarks/sessions.py", *argv]))
 
 
 if __name__ == "__main__":
