@@ -63,8 +63,12 @@ class Agent:
     a new version); it must be deterministic and keep each tool call with
     its result.
 
+    `max_parallel_tools` bounds how many tool calls of one model answer run
+    at once (default: all of them). Calls waiting for a person take no
+    slot. A throughput setting, like a timeout: not part of the fingerprint.
+
     .. versionchanged:: Unreleased
-       The `context_window` keyword.
+       The `context_window` and `max_parallel_tools` keywords.
     """
 
     id: str
@@ -73,6 +77,7 @@ class Agent:
     tools: Sequence[Tool[Any]] = ()
     max_turns: int = 20
     context_window: Callable[[Sequence[Message]], Sequence[Message]] | None = None
+    max_parallel_tools: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
@@ -84,6 +89,15 @@ class Agent:
             )
         if self.max_turns < 1:
             raise RegistrationError(f"agent {self.id!r}: max_turns must be at least 1")
+        if self.max_parallel_tools is not None and (
+            isinstance(self.max_parallel_tools, bool)
+            or not isinstance(self.max_parallel_tools, int)
+            or self.max_parallel_tools < 1
+        ):
+            raise RegistrationError(
+                f"agent {self.id!r}: max_parallel_tools must be a whole number of at least 1, "
+                f"or None for all the calls of a model answer; got {self.max_parallel_tools!r}"
+            )
         if self.context_window is not None and not callable(self.context_window):
             raise RegistrationError(
                 f"agent {self.id!r}: context_window must be a function of the messages, "
@@ -280,6 +294,7 @@ class AgentRegistration:
             continue_as_new_events=self.continue_as_new_events,
             continue_as_new_bytes=self.continue_as_new_bytes,
             parts=dict(self.pinned_parts),
+            max_parallel_tools=self.agent.max_parallel_tools,
         )
 
     def _tool_policy(self, t: Tool[Any]) -> ToolPolicy:

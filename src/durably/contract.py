@@ -41,6 +41,8 @@ __all__ = [
     "DEFAULT_TASK_QUEUE",
     "INVALID_RUN_INPUT",
     "MAX_ANSWER_BYTES",
+    "MAX_BATCH_ANSWER_BYTES",
+    "MAX_BATCH_RESPONSES",
     "MAX_NAME_CHARS",
     "MAX_REASON_CHARS",
     "MAX_RUN_INPUT_BYTES",
@@ -66,6 +68,7 @@ __all__ = [
     "ErrorType",
     "EventType",
     "Handler",
+    "HeldResult",
     "IfBusy",
     "InboxItem",
     "Interaction",
@@ -75,6 +78,7 @@ __all__ = [
     "ModelCallResult",
     "OperationKey",
     "OtherAttention",
+    "ParkedCall",
     "PinRequest",
     "QuestionResponse",
     "Recovery",
@@ -83,6 +87,8 @@ __all__ = [
     "ResolveToolAccepted",
     "ResolveToolRequest",
     "RespondAccepted",
+    "RespondManyAccepted",
+    "RespondManyRequest",
     "RespondRequest",
     "Response",
     "RetryAccepted",
@@ -148,6 +154,8 @@ class Handler(StrEnum):
     SNAPSHOT = "snapshot"  # query -> RunSnapshot
     TRANSCRIPT = "transcript"  # query (offset, limit) -> TranscriptPage
     RESPOND = "respond"  # update RespondRequest -> RespondAccepted
+    # update RespondManyRequest -> RespondManyAccepted: several at once, all or none.
+    RESPOND_MANY = "respond_many"
     RESOLVE_TOOL = "resolve_tool"  # update ResolveToolRequest -> ResolveToolAccepted
     RETRY = "retry"  # update RetryRequest -> RetryAccepted
     # The signal a person answers with when updates are out of reach (CLI, Web UI).
@@ -230,6 +238,8 @@ MAX_ANSWER_BYTES = 512 * 2**10  # a question's answer, UTF-8: a person's text, n
 MAX_REASON_CHARS = 4_000  # a denial's reason, read by the model
 MAX_NAME_CHARS = 200  # a responder or client identity; an agent id
 MAX_TOKEN_CHARS = 200  # a signed approval token
+MAX_BATCH_RESPONSES = 100  # responses in one `respond_many` (or one signal's list)
+MAX_BATCH_ANSWER_BYTES = 2**20  # the answers of one batch together, UTF-8
 # C0 and C1 controls and DEL: never part of a name, an id or an identity.
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -400,6 +410,9 @@ class AgentPin(_Model):
     # fingerprint_parts`), so a worker whose definition differs can say which
     # part changed. None in runs pinned before durably recorded them.
     parts: dict[str, str] | None = None
+    # How many calls of one model answer run at once (None: all of them); only runs
+    # under the parallel-tools patch read it.
+    max_parallel_tools: int | None = None
 
 
 class PinRequest(_Model):
@@ -696,6 +709,16 @@ class RespondRequest(_Model):
     identity: str | None = None
 
 
+class RespondManyRequest(_Model):
+    """`respond_many` update input: several responses of one run, accepted all or none.
+
+    Each entry follows `respond`'s rules (idempotence, conflicts, args
+    digests); one entry refused refuses the whole batch and records nothing.
+    """
+
+    responses: list[RespondRequest]
+
+
 class RespondAccepted(_Model):
     """The acceptance of a response; the same response again returns the same one.
 
@@ -712,6 +735,21 @@ class RespondAccepted(_Model):
     args_digest: str | None = None
     identity: str | None = None
     response_digest: str | None = None
+
+
+class RespondManyAccepted(_Model):
+    """The acceptance of each response of a batch, in the order sent."""
+
+    accepted: list[RespondAccepted]
+
+
+class HeldResult(_Model):
+    """A call's committed result waiting for the calls before it: results enter the
+    transcript in the model's call order, whatever order they finish in."""
+
+    call_id: str
+    message: ToolResultMessage
+    ref: str | None = None
 
 
 class RunEvent(_Model):
@@ -734,6 +772,17 @@ class Attention(_Model):
 
     reason: str
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class ParkedCall(_Model):
+    """One operation a run holds for an operator (runs under the parallel-tools patch,
+    whose turns may park several calls at once): blocked or failed, and why."""
+
+    operation: str | None
+    status: RunStatus
+    error: str | None = None
+    attention: Attention | None = None
+    retryable: bool = True
 
 
 _DETAIL_DEPRECATED = (
@@ -854,6 +903,9 @@ class RunSnapshot(_Model):
     interactions: list[Interaction] = Field(default_factory=list)
     blocked_operations: list[str] = Field(default_factory=list)
     blocked_operation: str | None = None
+    # The operations that failed for good and wait for `retry()` (several calls of one
+    # turn may); `error` names the first one's error.
+    failed_operations: list[str] = Field(default_factory=list)
     attention: RunAttention | None = None
     output: str | None = None
     outcome: dict[str, Any] | None = Field(default=None, deprecated=_OUTCOME_DEPRECATED)
@@ -995,6 +1047,12 @@ class RunState(_Model):
     attempt: int | None = None
     # A session's run: the conversation before it (see `ConversationRef`).
     session: ConversationRef | None = None
+    # Runs under the parallel-tools patch: every pending interaction (`interaction`
+    # stays None), every parked operation (the singular fields name the first of
+    # each kind), and results waiting for earlier calls of their turn.
+    interactions: list[Interaction] = Field(default_factory=list)
+    parked: list[ParkedCall] = Field(default_factory=list)
+    held: list[HeldResult] = Field(default_factory=list)
 
 
 RunInput.model_rebuild()

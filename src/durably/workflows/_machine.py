@@ -33,7 +33,13 @@ started before the seed-fidelity patch Temporal retried the request itself, and 
 client derives `retry_wait` from the pending activity (`RunHandle.snapshot`).
 
 A turn holds a set of operations: `next_step` hands out every call of the
-latest model answer that has no result yet.
+latest model answer that has no result yet. Under the parallel-tools patch
+(`parallel`) they run at once: several interactions may be pending and
+several operations parked, each kept in a list (`RunState.interactions`,
+`RunState.parked`), and the run's status and singular fields follow one
+precedence, needs_attention > failed > waiting > running (`_settle`); a
+call's result waits in `RunState.held` until every earlier call of its turn
+has one, so results enter the transcript in the model's call order.
 """
 
 from __future__ import annotations
@@ -54,12 +60,14 @@ from durably.contract import (
     ErrorResolution,
     ErrorType,
     EventType,
+    HeldResult,
     Interaction,
     JsonResolution,
     MessageRef,
     ModelCallInput,
     ModelCallResult,
     OperationKey,
+    ParkedCall,
     RerunResolution,
     ResolveToolRequest,
     RespondAccepted,
@@ -84,10 +92,13 @@ from durably.messages import (
 )
 from durably.tools import render_result
 from durably.workflows._validation import (
+    check_many,
     check_resolution,
     check_response,
     check_retry,
+    pending_interactions,
     rejection,
+    retried_operations,
     short,
 )
 
@@ -103,6 +114,7 @@ __all__ = [
     "RequestModel",
     "RunMachine",
     "Step",
+    "pending_interactions",
 ]
 
 Decision = JsonResolution | ErrorResolution | RerunResolution | Literal["retry"]
@@ -172,7 +184,9 @@ class RunMachine:
     `clock` gives the time events are stamped with (the workflow's clock);
     `hardened` is whether the run is under the hardening patch, which
     changes what some decisions do (see `agent_run.PATCH_HARDENED`); `lean`,
-    under the seed-fidelity patch, sends model requests a 128-bit digest.
+    under the seed-fidelity patch, sends model requests a 128-bit digest;
+    `parallel`, under the parallel-tools patch, runs a turn's calls at once
+    (see the module docstring).
     """
 
     def __init__(
@@ -183,18 +197,43 @@ class RunMachine:
         hardened: bool,
         clock: Callable[[], datetime],
         lean: bool = False,
+        parallel: bool = False,
     ) -> None:
         self.s = state
         self.run_id = run_id
         self.hardened = hardened
         self.lean = lean
+        self.parallel = parallel
         self._clock = clock
-        # What an operator decided for the parked operation, until the run applies it.
+        # What an operator decided for the parked operation, until the run applies it
+        # (`decisions`, by operation, when several may be parked: the parallel patch).
         self.decision: Decision | None = None
+        self.decisions: dict[str | None, Decision] = {}
         # A response's reason and answer, by interaction, until the run consumes
         # them (a hardened acceptance keeps only a digest of them).
         self._texts: dict[str, tuple[str | None, str | None]] = {}
         self._pin_digest: str | None = None
+        if parallel:
+            self._adopt_singular()
+
+    def _adopt_singular(self) -> None:
+        """A run continued from one that ran a turn's calls one at a time (before the
+        parallel patch) waits on what it carried, now kept in the lists."""
+        s = self.s
+        if s.interaction is not None:
+            s.interactions = [s.interaction, *s.interactions]
+            s.interaction = None
+            s.outcome = None
+        if s.status in _PARKED and not s.parked:
+            s.parked = [
+                ParkedCall(
+                    operation=s.blocked_operation or s.failed_operation,
+                    status=s.status,
+                    error=s.error if s.status == RunStatus.FAILED else None,
+                    attention=s.attention,
+                    retryable=s.retryable,
+                )
+            ]
 
     @property
     def pin(self) -> AgentPin:
@@ -281,6 +320,8 @@ class RunMachine:
         """The run is parked on `key` (it continued as new while parked there)."""
         s = self.s
         where = str(key) if key else None
+        if self.parallel:
+            return any(p.operation == where for p in s.parked)
         return s.status in _PARKED and where == (s.blocked_operation or s.failed_operation)
 
     def needs_person(self, key: OperationKey, call: ToolCall) -> ToolPolicy | None:
@@ -299,6 +340,37 @@ class RunMachine:
             s.refs[len(s.transcript)] = ref
         s.transcript.append(message)
         s.digest = extend_digest(s.digest, message)
+
+    def _commit(self, result: ToolResultMessage, *, ref: str | None = None) -> None:
+        """A call's result enters the transcript; under the parallel patch once every
+        earlier call of its turn has its result (it waits in `held` until then)."""
+        if not self.parallel:
+            self.append(result, ref=ref)
+            return
+        s = self.s
+        s.held.append(HeldResult(call_id=result.call_id, message=result, ref=ref))
+        held = {h.call_id: h for h in s.held}
+        for call in self.unfinished_calls():
+            first = held.pop(call.call_id, None)
+            if first is None:
+                break
+            self.append(first.message, ref=first.ref)
+        s.held = list(held.values())
+
+    def is_held(self, call: ToolCall) -> bool:
+        """The call has its result, waiting for an earlier call of the turn."""
+        return any(h.call_id == call.call_id for h in self.s.held)
+
+    def flush_held(self) -> None:
+        """Every held result into the transcript, in call order, whatever is missing before
+        it (a cancelled run: its session fills the calls left without a result)."""
+        s = self.s
+        held = {h.call_id: h for h in s.held}
+        for call in self.unfinished_calls():
+            if call.call_id in held:
+                h = held.pop(call.call_id)
+                self.append(h.message, ref=h.ref)
+        s.held = []
 
     def outside_ref(self, ref: str, text: str) -> str | None:
         """Send `text` to the model activity by reference when it is large (hardened runs):
@@ -383,7 +455,7 @@ class RunMachine:
         rejected = self.s.call_errors.get(call.call_id)
         if rejected is None:
             return False
-        self.append(_error_result(call, rejected))
+        self._commit(_error_result(call, rejected))
         self.event(EventType.TOOL_REJECTED, str(key), rejected)
         return True
 
@@ -397,7 +469,7 @@ class RunMachine:
         else:
             ref = str(key)
             event = EventType.TOOL_ERROR if result.is_error else EventType.TOOL_COMPLETED
-        self.append(result, ref=ref)
+        self._commit(result, ref=ref)
         self.event(event, str(key), result.content[:200] if result.is_error else call.name)
 
     def resolved_result(
@@ -417,10 +489,14 @@ class RunMachine:
         while waiting: the arguments were left in the transcript, not carried)."""
         s = self.s
         iid = key.interaction_id(policy)
+        fresh = {"args": call.arguments, "question": _question(call, policy)}
+        if self.parallel:
+            for i, pending in enumerate(s.interactions):
+                if pending.id == iid:  # continued as new while it waited
+                    s.interactions[i] = pending.model_copy(update=fresh)
+                    return s.interactions[i]
         if s.interaction is not None and s.interaction.id == iid:
-            s.interaction = s.interaction.model_copy(
-                update={"args": call.arguments, "question": _question(call, policy)}
-            )
+            s.interaction = s.interaction.model_copy(update=fresh)
             return s.interaction
         kind: Literal["tool-approval", "question"] = (
             "question" if policy.question else "tool-approval"
@@ -439,6 +515,11 @@ class RunMachine:
             interaction.signed = policy.signed_approval and not policy.question
             if policy.approval_timeout_s:
                 interaction.expires_at = now + timedelta(seconds=policy.approval_timeout_s)
+        if self.parallel:
+            s.interactions.append(interaction)
+            self._settle()
+            self.event(EventType.WAITING, str(key), f"{kind} {interaction.id}")
+            return interaction
         s.status = RunStatus.WAITING
         s.interaction = interaction
         if not self.hardened:  # later runs derive it in the snapshot: one copy of the args
@@ -479,16 +560,20 @@ class RunMachine:
         s = self.s
         accepted = s.answered[interaction.id]
         reason, answer = self._texts.pop(interaction.id, (accepted.reason, accepted.answer))
-        s.status = RunStatus.RUNNING
-        s.interaction = None
-        s.outcome = None
+        if self.parallel:
+            s.interactions = [i for i in s.interactions if i.id != interaction.id]
+            self._settle()
+        else:
+            s.status = RunStatus.RUNNING
+            s.interaction = None
+            s.outcome = None
         if accepted.type == "question" and answer is not None:
             result = ToolResultMessage(call_id=call.call_id, tool=call.name, content=answer)
         elif accepted.approved:
             return None
         else:
             result = _error_result(call, f"denied: {reason or 'no reason given'}")
-        self.append(result, ref=self.outside_ref(f"answer:{interaction.id}", result.content))
+        self._commit(result, ref=self.outside_ref(f"answer:{interaction.id}", result.content))
         return result
 
     def classify(
@@ -527,10 +612,31 @@ class RunMachine:
         """Hold the run in `failed`/`needs_attention` until an operator decides (unless it
         is parked there already, continued as new)."""
         s = self.s
+        where = str(key) if key else None
+        if self.parallel:
+            if self.parked_on(key):  # continued as new while parked there
+                return
+            self.decisions.pop(where, None)
+            failed = status == RunStatus.FAILED
+            s.parked.append(
+                ParkedCall(
+                    operation=where,
+                    status=status,
+                    error=error if failed else None,
+                    attention=attention,
+                    retryable=retryable,
+                )
+            )
+            self._settle()
+            if failed:
+                self.event(EventType.RUN_FAILED, where, error)
+            else:
+                why = attention.reason if attention else error
+                self.event(EventType.NEEDS_ATTENTION, where, why)
+            return
         if self.parked_on(key) and s.status == status and s.error in (None, error):
             return
         self.decision = None
-        where = str(key) if key else None
         s.status = status
         s.error = error if status == RunStatus.FAILED else None
         s.failed_operation = where if status == RunStatus.FAILED else None
@@ -545,6 +651,22 @@ class RunMachine:
     def show_blocked_args(self, key: OperationKey | None) -> None:
         """A blocked call's arguments, which continue-as-new does not carry, shown again."""
         s = self.s
+        if self.parallel:
+            where = str(key) if key else None
+            for i, parked in enumerate(s.parked):
+                a = parked.attention
+                if (
+                    parked.operation == where
+                    and key is not None
+                    and a is not None
+                    and a.reason == "tool_interrupted"
+                    and "args" not in a.detail
+                ):
+                    detail = {**a.detail, "args": self.call_of(key).arguments}
+                    a = a.model_copy(update={"detail": detail})
+                    s.parked[i] = parked.model_copy(update={"attention": a})
+            self._settle()
+            return
         attention = s.attention
         if (
             attention is not None
@@ -558,15 +680,19 @@ class RunMachine:
             )
 
     def decided(self, key: OperationKey | None) -> Decision:
-        """Apply the operator's decision: the run is running again."""
+        """Apply the operator's decision: the run is running again (under the parallel
+        patch, unless other operations of the turn still wait)."""
+        if self.parallel:
+            where = str(key) if key else None
+            taken = self.decisions.pop(where)
+            self._record_decision(taken, where)
+            self.s.parked = [p for p in self.s.parked if p.operation != where]
+            self._settle()
+            return taken
         decision = self.decision
         assert decision is not None
         self.decision = None
-        kind = decision if isinstance(decision, str) else decision.type
-        self.event(
-            EventType.RETRIED if kind == "retry" else EventType(f"resolved_{kind}"),
-            str(key) if key else None,
-        )
+        self._record_decision(decision, str(key) if key else None)
         s = self.s
         s.status = RunStatus.RUNNING
         s.error = None
@@ -576,6 +702,31 @@ class RunMachine:
         s.retryable = True
         return decision
 
+    def _record_decision(self, decision: Decision, where: str | None) -> None:
+        kind = decision if isinstance(decision, str) else decision.type
+        self.event(EventType.RETRIED if kind == "retry" else EventType(f"resolved_{kind}"), where)
+
+    def _settle(self) -> None:
+        """The status and singular fields, from every pending interaction and parked
+        operation (parallel patch): needs_attention > failed > waiting > running; each
+        singular field names the first of its kind."""
+        s = self.s
+        blocked = [p for p in s.parked if p.status == RunStatus.NEEDS_ATTENTION]
+        failed = [p for p in s.parked if p.status == RunStatus.FAILED]
+        s.blocked_operation = blocked[0].operation if blocked else None
+        s.attention = blocked[0].attention if blocked else None
+        s.failed_operation = failed[0].operation if failed else None
+        s.error = failed[0].error if failed else None
+        s.retryable = failed[0].retryable if failed else True
+        if blocked:
+            s.status = RunStatus.NEEDS_ATTENTION
+        elif failed:
+            s.status = RunStatus.FAILED
+        elif s.interactions:
+            s.status = RunStatus.WAITING
+        else:
+            s.status = RunStatus.RUNNING
+
     def lose_transcript(self, error: str, key: OperationKey) -> None:
         """The previous run's transcript can never come: the run fails for good, whatever
         it waited for (a restore parked over it would lose that)."""
@@ -584,6 +735,8 @@ class RunMachine:
         s.outcome = None
         s.blocked_operation = None
         s.attention = None
+        s.interactions = []
+        s.parked = []
         self.park(RunStatus.FAILED, error=error, key=key, retryable=False)
 
     def complete(self, output: str | None) -> RunResult:
@@ -617,15 +770,24 @@ class RunMachine:
         """See `_validation.check_response`."""
         return check_response(self.run_id, self.s, request, strict=self.hardened)
 
+    def check_many(
+        self, requests: list[RespondRequest]
+    ) -> list[tuple[RespondAccepted, bool, ApprovalResponse | Answer]]:
+        """See `_validation.check_many`."""
+        return check_many(self.run_id, self.s, requests, strict=self.hardened)
+
     def needs_signature(self, accepted: RespondAccepted) -> bool:
-        pending = self.s.interaction
+        pending = self.pending(accepted.interaction_id)
         return (
             self.hardened
             and accepted.type == "tool-approval"
             and pending is not None
-            and pending.id == accepted.interaction_id
             and pending.signed
         )
+
+    def pending(self, interaction_id: str) -> Interaction | None:
+        """The pending interaction of that id, if any."""
+        return next((i for i in pending_interactions(self.s) if i.id == interaction_id), None)
 
     def verification(
         self, request: RespondRequest, response: ApprovalResponse, interaction: Interaction
@@ -669,8 +831,9 @@ class RunMachine:
         arrive in one workflow task are validated before the run leaves needs_attention).
         Only the validator calls this, so replaying older histories is unaffected."""
         resolution = check_resolution(self.run_id, self.s, request, strict=self.hardened)
-        if self.decision is not None:
-            decided = self.decision if isinstance(self.decision, str) else self.decision.type
+        on_its_way = self.decisions.get(request.operation) if self.parallel else self.decision
+        if on_its_way is not None:
+            decided = on_its_way if isinstance(on_its_way, str) else on_its_way.type
             raise rejection(
                 ErrorType.DURABLE_CONFLICT,
                 f"run {self.run_id!r} already accepted a {decided} decision for "
@@ -682,14 +845,23 @@ class RunMachine:
         self, request: ResolveToolRequest
     ) -> JsonResolution | ErrorResolution | RerunResolution:
         resolution = check_resolution(self.run_id, self.s, request, strict=self.hardened)
-        self.decision = resolution
+        if self.parallel:
+            self.decisions[request.operation] = resolution
+        else:
+            self.decision = resolution
         return resolution
 
     def check_retry(self) -> None:
-        check_retry(self.run_id, self.s)
+        check_retry(self.run_id, self.s, taken=set(self.decisions))
 
     def retry(self) -> str | None:
-        """Accept `retry()`; the operation it runs again."""
+        """Accept `retry()`; the operation it runs again (the first, under the parallel
+        patch, where it runs again every parked operation it applies to)."""
+        if self.parallel:
+            operations = retried_operations(self.run_id, self.s, taken=set(self.decisions))
+            for operation in operations:
+                self.decisions[operation] = "retry"
+            return operations[0]
         check_retry(self.run_id, self.s)
         self.decision = "retry"
         return self.s.blocked_operation or self.s.failed_operation

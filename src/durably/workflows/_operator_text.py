@@ -11,6 +11,7 @@ the person who approves.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from temporalio import workflow
 
@@ -31,8 +32,16 @@ __all__ = [
 _ARGS_SHOWN = 1_000
 
 
-def status_details(run_id: str, s: RunState) -> str | None:
-    """What a run that is not running shows (None for a running one: what it runs does)."""
+def status_details(
+    run_id: str, s: RunState, *, running: Mapping[str, str] | None = None
+) -> str | None:
+    """What a run that is not running shows (None for a running one: what it runs does).
+
+    A run that holds several calls of a turn (parallel patch) lists each one it
+    waits on, the first of the status's kind first, then what still runs.
+    """
+    if s.parked or len(s.interactions) > 1 or (running and s.status == RunStatus.RUNNING):
+        return _turn_details(run_id, s, running or {})
     if s.status == RunStatus.NEEDS_ATTENTION:
         attention = s.attention
         detail = attention.detail if attention else {}
@@ -40,8 +49,8 @@ def status_details(run_id: str, s: RunState) -> str | None:
         return attention_details(run_id, s.blocked_operation, attention, error)
     if s.status == RunStatus.FAILED:
         return failed_details(run_id, s.error or "", s.retryable)
-    if s.status == RunStatus.WAITING and s.interaction is not None:
-        return waiting_details(run_id, s.interaction)
+    if s.status == RunStatus.WAITING and (s.interaction or s.interactions):
+        return waiting_details(run_id, s.interaction or s.interactions[0])
     if s.status == RunStatus.RETRY_WAIT:
         return retry_wait_details(run_id, s)
     if s.status == RunStatus.COMPLETED:
@@ -49,6 +58,35 @@ def status_details(run_id: str, s: RunState) -> str | None:
     if s.status == RunStatus.CANCELLED:
         return "Cancelled"
     return None
+
+
+def _turn_details(run_id: str, s: RunState, running: Mapping[str, str]) -> str | None:
+    """Every call of the turn the run waits on, and those still running."""
+    parts: list[str] = []
+    for parked in s.parked:
+        if parked.status == RunStatus.NEEDS_ATTENTION:
+            attention = parked.attention
+            detail = attention.detail if attention else {}
+            reason = attention.reason if attention else "unknown"
+            error = str(detail.get("last_error") or reason)
+            parts.append(attention_details(run_id, parked.operation, attention, error))
+    parts += [
+        failed_details(run_id, p.error or "", p.retryable)
+        for p in s.parked
+        if p.status == RunStatus.FAILED
+    ]
+    parts += [waiting_details(run_id, i) for i in s.interactions]
+    approvals = [i for i in s.interactions if i.type == "tool-approval" and not i.signed]
+    if len(approvals) > 1:
+        run = md_code(run_id)
+        parts.append(
+            f"Approve all {len(approvals)} at once with `durably approve` {run} `--all --as "
+            f"NAME`, or deny them with `durably deny` {run} `--all --reason ... --as NAME`."
+        )
+    if running:
+        calls = ", ".join(f"{md_code(tool)} ({md_code(key)})" for key, tool in running.items())
+        parts.append(f"Running {len(running)} tool call(s): {calls}")
+    return "\n\n".join(parts) if parts else None
 
 
 def retry_wait_details(run_id: str, s: RunState) -> str:

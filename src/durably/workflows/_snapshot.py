@@ -26,6 +26,7 @@ from durably.contract import (
     RunState,
     RunStatus,
 )
+from durably.workflows._validation import pending_interactions
 
 __all__ = ["build_snapshot"]
 
@@ -38,14 +39,28 @@ class _SentSnapshot(RunSnapshot):
     """A snapshot that serializes each value once (see the module docstring).
 
     The shape sent says everything while a run waits on one interaction at a
-    time; it is sent as is, never checked by a round trip (a NaN in a tool's
+    time, and sends the lists when it waits on several; it is sent as is, never checked by a round trip (a NaN in a tool's
     arguments is not equal to itself, and the check would parse every
     snapshot a second time on the worker).
     """
 
     @model_serializer(mode="wrap")
     def _once(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        sent: dict[str, Any] = {k: v for k, v in handler(self).items() if k not in _DERIVED}
+        full: dict[str, Any] = handler(self)
+        outcome = full.get("outcome") or {}
+        from_outcome = [outcome["interaction"]] if outcome.get("type") == "interaction" else []
+        blocked = full.get("blocked_operation")
+        derivable = {
+            "interactions": full["interactions"] == from_outcome,
+            "blocked_operations": full["blocked_operations"] == ([blocked] if blocked else []),
+            "output": True,
+        }
+        # What a client cannot derive is sent as it is (several calls of one turn pending,
+        # or an interaction beside a parked call); `outcome` then stays out, so no
+        # arguments travel twice (a client of the previous release sees none pending).
+        sent = {k: v for k, v in full.items() if not (k in _DERIVED and derivable[k])}
+        if "interactions" in sent and from_outcome:
+            sent["outcome"] = None
         if sent.get("attention") is not None:
             sent["attention"] = {k: sent["attention"][k] for k in ("reason", "detail")}
         return sent
@@ -53,6 +68,12 @@ class _SentSnapshot(RunSnapshot):
 
 def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot:
     """The snapshot of run `run_id` in state `s`; `current` is its current details."""
+    pending = pending_interactions(s)
+    blocked = [p.operation for p in s.parked if p.status == RunStatus.NEEDS_ATTENTION]
+    failed = [p.operation for p in s.parked if p.status == RunStatus.FAILED]
+    if not s.parked:
+        blocked = [s.blocked_operation] if s.blocked_operation else []
+        failed = [s.failed_operation] if s.status == RunStatus.FAILED else []
     return _SentSnapshot(
         run_id=run_id,
         agent_id=s.agent_id,
@@ -62,6 +83,9 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
         # RunSnapshot from these, exactly as a client parsing the sent JSON derives them.
         blocked_operation=s.blocked_operation,
         attention=s.attention,
+        interactions=pending,
+        blocked_operations=[o for o in blocked if o is not None],
+        failed_operations=[o for o in failed if o is not None],
         outcome=s.outcome or _waiting_outcome(s),
         turns=s.turns,
         usage=s.usage,
@@ -76,9 +100,10 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
 def _waiting_outcome(s: RunState) -> dict[str, Any] | None:
     """The deprecated `outcome` of a waiting run whose state does not hold it (runs
     started under the hardening patch keep one copy of the arguments, in `interaction`)."""
-    if s.status != RunStatus.WAITING or s.interaction is None:
-        return None
-    return {"type": "interaction", "interaction": s.interaction.model_dump(mode="json")}
+    pending = pending_interactions(s)
+    if not pending or s.status not in (RunStatus.WAITING, RunStatus.RUNNING):
+        return None  # a parked run shows its interactions in `interactions` alone
+    return {"type": "interaction", "interaction": pending[0].model_dump(mode="json")}
 
 
 def _merged(events: list[RunEvent], audit: list[RunEvent]) -> list[RunEvent]:

@@ -19,6 +19,8 @@ from durably._digests import response_digest
 from durably.contract import (
     CONTROL_CHARACTERS,
     MAX_ANSWER_BYTES,
+    MAX_BATCH_ANSWER_BYTES,
+    MAX_BATCH_RESPONSES,
     MAX_NAME_CHARS,
     MAX_REASON_CHARS,
     MAX_TOKEN_CHARS,
@@ -26,7 +28,9 @@ from durably.contract import (
     ApprovalResponse,
     ErrorResolution,
     ErrorType,
+    Interaction,
     JsonResolution,
+    ParkedCall,
     RerunResolution,
     Resolution,
     ResolveToolRequest,
@@ -39,11 +43,14 @@ from durably.contract import (
 
 __all__ = [
     "Rejected",
+    "check_many",
     "check_resolution",
     "check_response",
     "check_retry",
     "parse_request",
+    "pending_interactions",
     "rejection",
+    "retried_operations",
     "short",
 ]
 
@@ -93,24 +100,44 @@ def rejection(kind: ErrorType, message: str) -> Rejected:
     return Rejected(kind, message)
 
 
+def pending_interactions(s: RunState) -> list[Interaction]:
+    """Every interaction the run waits on, oldest first (one before the parallel patch)."""
+    if s.interactions:
+        return list(s.interactions)
+    return [s.interaction] if s.interaction is not None else []
+
+
+def _blocked(s: RunState) -> list[ParkedCall]:
+    """The operations the run is blocked on, oldest first (one before the parallel patch)."""
+    if s.parked:
+        return [p for p in s.parked if p.status == RunStatus.NEEDS_ATTENTION]
+    if s.status != RunStatus.NEEDS_ATTENTION or s.blocked_operation is None:
+        return []
+    return [ParkedCall(operation=s.blocked_operation, status=s.status, attention=s.attention)]
+
+
 def check_resolution(
     run_id: str, s: RunState, request: ResolveToolRequest, *, strict: bool
 ) -> JsonResolution | ErrorResolution | RerunResolution:
     """The resolution, if the run accepts it now (`strict`: bounded, as responses are)."""
-    if s.status != RunStatus.NEEDS_ATTENTION or s.blocked_operation is None:
+    blocked = _blocked(s)
+    if not blocked:
         raise rejection(
             ErrorType.DURABLE_CONFLICT,
             f"run {run_id!r} is {s.status.value}, not needs_attention; resolve_tool applies "
             "only to a run blocked on an interrupted tool call",
         )
-    if request.operation != s.blocked_operation:
+    entry = next((b for b in blocked if b.operation == request.operation), None)
+    if entry is None:
+        names = ", ".join(repr(b.operation) for b in blocked[:10])
         raise rejection(
             ErrorType.DURABLE_CONFLICT,
-            f"run {run_id!r} is blocked on {s.blocked_operation!r}, not "
-            f"{short(request.operation)}; resolve the blocked operation",
+            f"run {run_id!r} is blocked on {names}, not {short(request.operation)}; resolve "
+            "a blocked operation",
         )
-    if s.attention is None or s.attention.reason != "tool_interrupted":
-        reason = s.attention.reason if s.attention else "unknown"
+    attention = entry.attention
+    if attention is None or attention.reason != "tool_interrupted":
+        reason = attention.reason if attention else "unknown"
         raise rejection(
             ErrorType.DURABLE_CONFLICT,
             f"run {run_id!r} is blocked by {reason}, not an interrupted tool; fix the cause, "
@@ -127,7 +154,7 @@ def check_resolution(
         ) from None
     if strict:
         _check_resolution_size(resolution)
-    tool = s.attention.detail.get("tool")
+    tool = attention.detail.get("tool")
     if isinstance(resolution, JsonResolution) and s.pin is not None and tool in s.pin.tools:
         # The attention names the tool: the transcript may still be restoring.
         problem = _schema_problem(s.pin.tools[tool].output_schema, resolution.value)
@@ -159,8 +186,51 @@ def _check_resolution_size(resolution: JsonResolution | ErrorResolution | RerunR
             )
 
 
-def check_retry(run_id: str, s: RunState) -> None:
+def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> list[str | None]:
+    """What `retry()` runs again of a run that may hold several parked operations (the
+    parallel patch): every failed one that a retry can fix, and every one blocked for a
+    reason other than an interrupted manual call; raise if there is none. `taken`: those
+    whose decision is already on its way."""
+    if s.status == RunStatus.RETRY_WAIT or not s.parked:
+        check_retry(run_id, s)
+    eligible = [
+        p.operation
+        for p in s.parked
+        if p.operation not in taken
+        and (
+            (p.status == RunStatus.FAILED and p.retryable)
+            or (
+                p.status == RunStatus.NEEDS_ATTENTION
+                and (p.attention is None or p.attention.reason != "tool_interrupted")
+            )
+        )
+    ]
+    if eligible:
+        return eligible
+    interrupted = [p.operation for p in _blocked(s) if p.operation not in taken]
+    if interrupted:
+        names = ", ".join(repr(o) for o in interrupted[:10])
+        raise rejection(
+            ErrorType.DURABLE_CONFLICT,
+            f"run {run_id!r} is blocked on the interrupted manual tool call(s) {names}; "
+            "retry() never repeats a manual call. Check the external system, then "
+            "resolve_tool each (json, error, or rerun)",
+        )
+    if any(p.operation in taken for p in s.parked):
+        raise rejection(
+            ErrorType.DURABLE_CONFLICT,
+            f"run {run_id!r} already accepted a decision for every parked operation; it is "
+            "being applied",
+        )
+    check_retry(run_id, s)  # not retryable, or nothing parked: say why
+    raise rejection(ErrorType.DURABLE_CONFLICT, f"run {run_id!r} has nothing to retry")
+
+
+def check_retry(run_id: str, s: RunState, *, taken: set[str | None] | None = None) -> None:
     """Raise unless `retry()` applies to the run as it is."""
+    if s.parked and s.status != RunStatus.RETRY_WAIT:
+        retried_operations(run_id, s, taken=taken or set())
+        return
     if s.status == RunStatus.NEEDS_ATTENTION and s.attention is not None:
         if s.attention.reason == "tool_interrupted":
             raise rejection(
@@ -202,10 +272,12 @@ def check_response(
     digest of the answer or reason instead of a second copy of it.
     """
     iid = request.interaction_id
-    pending = s.interaction if s.interaction is not None and s.interaction.id == iid else None
+    waiting = pending_interactions(s)
+    pending = next((i for i in waiting if i.id == iid), None)
     answered = s.answered.get(iid)
     if pending is None and answered is None:
-        now = f"the pending one is {s.interaction.id!r}" if s.interaction else "none is pending"
+        ids = ", ".join(repr(i.id) for i in waiting[:10])
+        now = f"pending: {ids}" if waiting else "none is pending"
         raise rejection(
             ErrorType.INVALID_RESPONSE,
             f"run {run_id!r} has no interaction {short(iid)} ({now}); read the run's snapshot "
@@ -279,6 +351,47 @@ def check_response(
         f"interaction {iid!r} was already answered ({_describe(answered)}); a different "
         "response cannot replace it",
     )
+
+
+def check_many(
+    run_id: str, s: RunState, requests: list[RespondRequest], *, strict: bool
+) -> list[tuple[RespondAccepted, bool, ApprovalResponse | Answer]]:
+    """`check_response` of each response of a batch; one refused refuses them all, saying
+    which. A batch names each interaction once and is bounded (`MAX_BATCH_*`)."""
+    if not requests or len(requests) > MAX_BATCH_RESPONSES:
+        raise rejection(
+            ErrorType.INVALID_RESPONSE,
+            f"respond_many takes 1 to {MAX_BATCH_RESPONSES} responses; got {len(requests)}",
+        )
+    seen: set[str] = set()
+    answers = 0
+    checked: list[tuple[RespondAccepted, bool, ApprovalResponse | Answer]] = []
+    for n, request in enumerate(requests, start=1):
+        if request.interaction_id in seen:
+            raise rejection(
+                ErrorType.INVALID_RESPONSE,
+                f"response {n} answers {short(request.interaction_id)} again; a batch answers "
+                "each interaction once. Nothing in the batch was accepted",
+            )
+        seen.add(request.interaction_id)
+        try:
+            accepted, new, response = check_response(run_id, s, request, strict=strict)
+        except Rejected as err:
+            raise rejection(
+                err.kind,
+                f"response {n} of {len(requests)}: {err.message}. Nothing in the "
+                "batch was accepted",
+            ) from None
+        if isinstance(response, Answer):
+            answers += len(response.answer.encode("utf-8", "surrogatepass"))
+            if answers > MAX_BATCH_ANSWER_BYTES:
+                raise rejection(
+                    ErrorType.INVALID_RESPONSE,
+                    f"the answers of a batch may hold at most {MAX_BATCH_ANSWER_BYTES:,} bytes "
+                    f"together; response {n} passes that. Send them in smaller batches",
+                )
+        checked.append((accepted, new, response))
+    return checked
 
 
 def _check_bounds(request: RespondRequest, response: ApprovalResponse | Answer) -> None:

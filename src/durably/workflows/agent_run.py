@@ -4,8 +4,11 @@ Handlers:
     query ``snapshot`` -> RunSnapshot: the run as an operator sees it.
     update ``respond(RespondRequest)`` -> RespondAccepted: approve/deny a tool call
         or answer a question; the same response again returns the same acceptance.
-    signal ``respond_signal(RespondRequest)``: the same, for callers that can only
-        signal; a rejected response becomes a ``response_rejected`` event. Served by
+    update ``respond_many(RespondManyRequest)`` -> RespondManyAccepted: several
+        responses, accepted all or none.
+    signal ``respond_signal(RespondRequest | list[RespondRequest])``: the same, for
+        callers that can only signal (a list is taken all or none); a rejected
+        response becomes one ``response_rejected`` event. Served by
         the dynamic signal handler, which sees raw payloads (and other names, which
         become ``signal_rejected`` events).
     query ``transcript(offset, limit=None)`` -> TranscriptPage: for workers whose
@@ -77,6 +80,8 @@ with workflow.unsafe.imports_passed_through():
         ResolveToolAccepted,
         ResolveToolRequest,
         RespondAccepted,
+        RespondManyAccepted,
+        RespondManyRequest,
         RespondRequest,
         RetryAccepted,
         RetryRequest,
@@ -116,7 +121,13 @@ with workflow.unsafe.imports_passed_through():
     from durably.workflows._snapshot import build_snapshot
     from durably.workflows._validation import Rejected, parse_request, rejection, short
 
-__all__ = ["PATCHES", "PATCH_HARDENED", "PATCH_SEED_FIDELITY", "AgentRunWorkflow"]
+__all__ = [
+    "PATCHES",
+    "PATCH_HARDENED",
+    "PATCH_PARALLEL_TOOLS",
+    "PATCH_SEED_FIDELITY",
+    "AgentRunWorkflow",
+]
 
 
 # What changed since 0.1.0: outside input is bounded and checked (start input,
@@ -130,8 +141,12 @@ PATCH_HARDENED = "durably-harden-outside-input"
 # attempt itself; the pinned fingerprint is published (`DurablyFingerprint`); model
 # requests carry no summary and a shorter transcript digest.
 PATCH_SEED_FIDELITY = "durably-seed-fidelity"
+# What changed next (SPEC section 14): the calls of one model answer run at once
+# (bounded by `max_parallel_tools`), every approval of the turn is pending at once,
+# several calls may be parked, and results enter the transcript in call order.
+PATCH_PARALLEL_TOOLS = "durably-parallel-tools"
 # Every patch since 0.1.0, oldest first.
-PATCHES: tuple[str, ...] = (PATCH_HARDENED, PATCH_SEED_FIDELITY)
+PATCHES: tuple[str, ...] = (PATCH_HARDENED, PATCH_SEED_FIDELITY, PATCH_PARALLEL_TOOLS)
 
 T = TypeVar("T")
 # What a failed operation may raise: an activity's error, or a local activity's own.
@@ -149,6 +164,7 @@ class AgentRunWorkflow:
         # First, before any command: every later decision depends on it.
         self._hardened = workflow.patched(PATCH_HARDENED)
         self._seed_fidelity = workflow.patched(PATCH_SEED_FIDELITY)
+        self._parallel = workflow.patched(PATCH_PARALLEL_TOOLS)
         state, self._input_problem = initial_state(payload, info, hardened=self._hardened)
         self._run_id = info.workflow_id
         self._m = RunMachine(
@@ -156,8 +172,13 @@ class AgentRunWorkflow:
             run_id=self._run_id,
             hardened=self._hardened,
             lean=self._seed_fidelity,
+            parallel=self._parallel,
             clock=self._clock,
         )
+        # The tool activities of the turn now running (parallel patch), by key: the run
+        # never continues as new over one (its result would be lost, a manual call
+        # run twice), and its current details name them.
+        self._running: dict[str, str] = {}
         self._published = {sa.name: _start_value(sa) for sa in SEARCH_ATTRIBUTES}
         # History this run spent copying its predecessor's transcript in: not
         # counted toward continuing as new again.
@@ -192,8 +213,7 @@ class AgentRunWorkflow:
             while True:
                 step = m.next_step(self._history_nearly_full)
                 if isinstance(step, CallTools):
-                    for call in step.calls:
-                        await self._call(OperationKey.tool(step.turn, call.call_id), call)
+                    await self._call_turn(step)
                 elif isinstance(step, ContinueAsNew):
                     await self._continue_as_new()  # returns if it could not: parked, decided
                 elif isinstance(step, OutOfTurns):
@@ -207,6 +227,7 @@ class AgentRunWorkflow:
                         self._publish()
                         return result
         except asyncio.CancelledError:
+            m.flush_held()  # committed results stay in the transcript (and a session's)
             m.cancel()
             self._publish()
             raise
@@ -224,7 +245,33 @@ class AgentRunWorkflow:
 
     # -- a turn's tool calls ---------------------------------------------------------
 
-    async def _call(self, key: OperationKey, call: ToolCall) -> None:
+    async def _call_turn(self, step: CallTools) -> None:
+        """Every call of the turn at once, each to its committed result (parallel patch;
+        before it, one after another).
+
+        Calls start in the model's order; at most `max_parallel_tools` tool
+        activities run at a time (a call waiting for a person holds no
+        slot); the model's next request waits for every call.
+        """
+        m = self._m
+        if not self._parallel:  # one call after another, as 0.1.0 ran them
+            for call in step.calls:
+                await self._call(OperationKey.tool(step.turn, call.call_id), call)
+            return
+        limit = m.pin.max_parallel_tools
+        gate = asyncio.Semaphore(limit) if limit else None
+        calls = [
+            asyncio.create_task(self._call(OperationKey.tool(step.turn, c.call_id), c, gate))
+            for c in step.calls
+            if not m.is_held(c)
+        ]
+        # A call that ends the run (continued as new, ended by its session) ends the others
+        # with it; a cancelled run cancels each.
+        await asyncio.gather(*calls)
+
+    async def _call(
+        self, key: OperationKey, call: ToolCall, gate: asyncio.Semaphore | None = None
+    ) -> None:
         """One call of the turn, to its committed result (in the transcript)."""
         m = self._m
         if m.reject_call(key, call):
@@ -234,10 +281,12 @@ class AgentRunWorkflow:
             return  # denied, answered, or timed out: that is its result
         result, resolved = await self._operation(
             key,
-            partial(self._tool, key, call),
+            partial(self._tool, key, call, gate),
             resolve=lambda decision: (m.resolved_result(call, decision), True),
         )
         m.tool_done(key, call, result, resolved=resolved)
+        if self._parallel:
+            self._publish()  # what the other calls of the turn do now
 
     async def _interact(
         self, key: OperationKey, call: ToolCall, policy: ToolPolicy
@@ -329,13 +378,26 @@ class AgentRunWorkflow:
         m.retry_due()
         self._publish()
 
-    async def _tool(self, key: OperationKey, call: ToolCall) -> tuple[ToolResultMessage, bool]:
+    async def _tool(
+        self, key: OperationKey, call: ToolCall, gate: asyncio.Semaphore | None = None
+    ) -> tuple[ToolResultMessage, bool]:
         m = self._m
-        workflow.set_current_details(
-            f"Running tool {md_code(call.name)} ({md_code(str(key))}, "
-            f"recovery: {m.pin.tools[call.name].recovery})"
-        )
-        return await tool_call(m.pin, m.tool_input(key, call)), False
+        if not self._parallel:
+            workflow.set_current_details(
+                f"Running tool {md_code(call.name)} ({md_code(str(key))}, "
+                f"recovery: {m.pin.tools[call.name].recovery})"
+            )
+            return await tool_call(m.pin, m.tool_input(key, call)), False
+        if gate is not None:
+            await gate.acquire()
+        self._running[str(key)] = call.name
+        self._publish()
+        try:
+            return await tool_call(m.pin, m.tool_input(key, call)), False
+        finally:
+            del self._running[str(key)]
+            if gate is not None:
+                gate.release()
 
     async def _operation(
         self,
@@ -392,8 +454,13 @@ class AgentRunWorkflow:
         m = self._m
         m.show_blocked_args(key)
         self._publish()
-        await self._wait(lambda: m.decision is not None or self._advanced)
-        if self._advanced and m.decision is None:
+        where = str(key) if key else None
+
+        def decided() -> bool:
+            return (where in m.decisions) if self._parallel else m.decision is not None
+
+        await self._wait(lambda: decided() or self._advanced)
+        if self._advanced and not decided():
             self._end_advanced()
         self._pin_clock = None
         decision = m.decided(key)
@@ -438,6 +505,7 @@ class AgentRunWorkflow:
         return (
             self._hardened
             and not self._cannot_continue
+            and not self._running
             and self._m.s.archive is None
             and self._history_nearly_full()
         )
@@ -482,6 +550,8 @@ class AgentRunWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             if done():
                 return True
+            if self._running:  # another call of the turn started meanwhile
+                continue
             next_input, problem = carried(self._m, workflow.info().run_id)
             if next_input is None:  # keep waiting here, saying why
                 self._cannot_continue = True
@@ -554,6 +624,18 @@ class AgentRunWorkflow:
         with refusals():
             self._m.check_response(parse_request(RespondRequest, payload, Handler.RESPOND))
 
+    @workflow.update(name=Handler.RESPOND_MANY)
+    async def respond_many(self, *payload: Any) -> RespondManyAccepted:
+        with refusals():
+            request = parse_request(RespondManyRequest, payload, Handler.RESPOND_MANY)
+            return RespondManyAccepted(accepted=await self._take_many(request.responses))
+
+    @respond_many.validator
+    def _validate_respond_many(self, *payload: Any) -> None:
+        with refusals():
+            request = parse_request(RespondManyRequest, payload, Handler.RESPOND_MANY)
+            self._m.check_many(request.responses)
+
     @workflow.signal(dynamic=True)
     async def _signal(self, name: str, payload: Sequence[RawValue]) -> None:
         """Every signal; only `respond_signal` is durably's (the `respond` rules for callers
@@ -578,7 +660,13 @@ class AgentRunWorkflow:
             return
         try:
             args = tuple(decode_signal(raw) for raw in payload)
-            await self._take(parse_request(RespondRequest, args, Handler.RESPOND_SIGNAL))
+            if len(args) == 1 and isinstance(args[0], list):  # several, all or none
+                batch = parse_request(
+                    RespondManyRequest, ({"responses": args[0]},), Handler.RESPOND_SIGNAL
+                )
+                await self._take_many(batch.responses)
+            else:
+                await self._take(parse_request(RespondRequest, args, Handler.RESPOND_SIGNAL))
         except Rejected as err:
             self._m.event(EventType.RESPONSE_REJECTED, detail=f"{err.kind}: {err.message}")
 
@@ -594,12 +682,30 @@ class AgentRunWorkflow:
             m.accept_response(accepted, response)
         return accepted
 
+    async def _take_many(self, requests: list[RespondRequest]) -> list[RespondAccepted]:
+        """Accept every response of a batch, or none (raise why not)."""
+        m = self._m
+        checked = m.check_many(requests)
+        signed = [
+            (request, response)
+            for request, (accepted, new, response) in zip(requests, checked, strict=True)
+            if new and m.needs_signature(accepted)
+        ]
+        if signed:
+            for request, response in signed:
+                await self._verify_signature(request, response)
+            checked = m.check_many(requests)  # others may have been decided meanwhile
+        for accepted, new, response in checked:
+            if new:
+                m.accept_response(accepted, response)
+        return [accepted for accepted, _, _ in checked]
+
     async def _verify_signature(
         self, request: RespondRequest, response: ApprovalResponse | Answer
     ) -> None:
         """Check a signed decision worker-side, with keys history never sees; raise if not."""
         m = self._m
-        interaction = m.s.interaction
+        interaction = m.pending(request.interaction_id)
         assert interaction is not None and isinstance(response, ApprovalResponse)
         try:
             problem = await verify_approval(m.verification(request, response, interaction))
@@ -667,7 +773,7 @@ class AgentRunWorkflow:
                 self._published[sa.name] = value
         if updates:
             workflow.upsert_search_attributes(updates)
-        details = status_details(self._run_id, s)
+        details = status_details(self._run_id, s, running=self._running)
         if details is not None:
             workflow.set_current_details(details)
         self._report_to_session()
