@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -54,6 +54,8 @@ from durably.contract import (
     ResolveToolAccepted,
     ResolveToolRequest,
     RespondAccepted,
+    RespondManyAccepted,
+    RespondManyRequest,
     RespondRequest,
     RetryAccepted,
     RetryRequest,
@@ -481,6 +483,111 @@ class RunHandle:
         )
         return accepted
 
+    async def respond_many(
+        self,
+        responses: Mapping[str, ApprovalResponse | Answer | dict[str, Any] | BaseModel],
+        *,
+        responder: str | None = None,
+    ) -> list[RespondAccepted]:
+        """Answer several pending interactions at once, by id: all are accepted or none.
+
+        Each response follows `respond`'s rules; if any is refused (unknown
+        id, wrong type, a different decision than one already taken, a
+        mismatched `args_digest`), the error names it and nothing is
+        recorded. Repeating the same batch is harmless. `approve_all` and
+        `deny_all` build the batch for you.
+
+        .. versionadded:: Unreleased
+        """
+        _check_type("responses", responses, Mapping, "a mapping of interaction id to response")
+        _check_type("responder", responder, (str, type(None)), "naming who answered")
+        entries: list[dict[str, Any]] = []
+        for interaction_id, response in responses.items():
+            if isinstance(response, BaseModel):
+                response = response.model_dump(mode="json", exclude_none=True)
+            _check_type("interaction_id", interaction_id, str, "such as 'approval:1:call_7'")
+            _check_type("response", response, dict, "such as {'type': 'tool-approval', ...}")
+            entries.append({"interaction_id": interaction_id, "response": response})
+        batch = _canonical_json("responses", entries)
+        request = _request(
+            RespondManyRequest,
+            responses=[
+                RespondRequest(**e, responder=responder, identity=_identity(self._client))
+                for e in entries
+            ],
+        )
+        digest = hashlib.sha256(batch.encode()).hexdigest()[:32]
+        accepted: RespondManyAccepted = await self._update(
+            Handler.RESPOND_MANY, request, RespondManyAccepted, update_id=f"respond_many/{digest}"
+        )
+        return accepted.accepted
+
+    async def approve_all(
+        self,
+        interactions: Sequence[Interaction],
+        *,
+        responder: str | None = None,
+        reason: str | None = None,
+        keys: ApprovalKeys | None = None,
+    ) -> list[RespondAccepted]:
+        """Approve each of these tool calls (as shown: their `args_digest`), all or none.
+
+        Pass the interactions a person reviewed, never a fresh `pending()`:
+        an interaction that appeared since is not approved. Signed calls need
+        `keys` (they sign as `responder`).
+
+        .. versionadded:: Unreleased
+        """
+        return await self._decide_all(interactions, Approval, reason, responder, keys)
+
+    async def deny_all(
+        self,
+        interactions: Sequence[Interaction],
+        *,
+        reason: str | None = None,
+        responder: str | None = None,
+        keys: ApprovalKeys | None = None,
+    ) -> list[RespondAccepted]:
+        """Deny each of these tool calls, all or none (see `approve_all`).
+
+        .. versionadded:: Unreleased
+        """
+        return await self._decide_all(interactions, Denial, reason, responder, keys)
+
+    async def _decide_all(
+        self,
+        interactions: Sequence[Interaction],
+        decision: type[Approval] | type[Denial],
+        reason: str | None,
+        responder: str | None,
+        keys: ApprovalKeys | None,
+    ) -> list[RespondAccepted]:
+        responses: dict[str, BaseModel] = {}
+        for shown in interactions:
+            _check_type("interactions", shown, Interaction, "Interactions from pending()")
+            if shown.type != "tool-approval":
+                raise InvalidResponseError(
+                    f"interaction {shown.id!r} is a question, not an approval; answer it "
+                    "with answer(), and pass only tool approvals here"
+                )
+            token = None
+            if shown.signed:
+                if keys is None or responder is None:
+                    raise InvalidResponseError(
+                        f"interaction {shown.id!r} takes signed decisions only (tool "
+                        f"{shown.tool!r} names its approvers): pass keys= and responder="
+                    )
+                try:
+                    token = keys.sign(
+                        shown, approved=decision is Approval, approver=responder, reason=reason
+                    )
+                except DurablyError as err:
+                    raise InvalidResponseError(str(err)) from err
+            responses[shown.id] = decision(
+                reason=reason, args_digest=shown.args_digest, token=token
+            )
+        return await self.respond_many(responses, responder=responder)
+
     async def resolve_tool(
         self,
         operation: str,
@@ -742,7 +849,7 @@ def _check_type(field: str, value: Any, expected: type | tuple[type, ...], hint:
         )
 
 
-def _canonical_json(field: str, value: dict[str, Any]) -> str:
+def _canonical_json(field: str, value: dict[str, Any] | list[dict[str, Any]]) -> str:
     """`value` as canonical JSON, or `InvalidResponseError` if it is not plain JSON data."""
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -39,9 +39,10 @@ class _SentSnapshot(RunSnapshot):
     """A snapshot that serializes each value once (see the module docstring).
 
     The shape sent says everything while a run waits on one interaction at a
-    time, and sends the lists when it waits on several; it is sent as is, never checked by a round trip (a NaN in a tool's
-    arguments is not equal to itself, and the check would parse every
-    snapshot a second time on the worker).
+    time, and sends the lists when it waits on several; it is sent as is,
+    never checked by a round trip (a NaN in a tool's arguments is not equal
+    to itself, and the check would parse every snapshot a second time on the
+    worker).
     """
 
     @model_serializer(mode="wrap")
