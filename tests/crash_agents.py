@@ -5,7 +5,8 @@ Every tool and model request writes to a journal on disk (the test's
 ran, how often, and under which operation_id, across process deaths. The
 idempotent tool records its effect in a real deduplicating HTTP service
 (`DURABLY_TEST_DEDUP_URL`) keyed by operation_id. `session-clerk` is an agent
-for sessions: its model journals every message each request held.
+for sessions: its model journals every message each request held; `fan-out`
+makes three calls in one answer (two manual, one idempotent).
 """
 
 from __future__ import annotations
@@ -192,7 +193,39 @@ def _clerk() -> AgentRegistration:
     )
 
 
+def fan_out(request: ModelRequest) -> AssistantMessage:
+    """Two manual calls and an idempotent one in one answer, then the results joined."""
+    turn = 1 + sum(isinstance(m, AssistantMessage) for m in request.messages)
+    journal(kind="model", agent="fan-out", turn=turn, attempt=activity.info().attempt)
+    if turn == 1:
+        return AssistantMessage(
+            tool_calls=(
+                ToolCall(id="m1", name="manual_hang", arguments={"title": "refund A"}),
+                ToolCall(id="m2", name="manual_hang", arguments={"title": "refund B"}),
+                ToolCall(id="i1", name="idempotent_effect", arguments={"title": "ticket"}),
+            )
+        )
+    return AssistantMessage(content=" | ".join(r.content for r in last_tool_results(request)))
+
+
+def _fan_out() -> AgentRegistration:
+    agent = Agent(
+        id="fan-out",
+        model=FunctionModel(fan_out, name="crash-tests.fan-out"),
+        instructions="",
+        tools=[manual_hang, idempotent_effect],
+    )
+    return AgentRegistration(
+        agent,
+        version="1",
+        tool_recovery={"manual_hang": "manual", "idempotent_effect": "idempotent"},
+        tool_retry=ToolRetry(max_attempts=5, initial_delay_ms=100, max_delay_ms=500),
+        heartbeat_timeout=HEARTBEAT,
+    )
+
+
 registrations = [
+    _fan_out(),
     _agent("manual", "manual_hang", "manual"),
     _agent("safe", "safe_hang_once", "safe"),
     _agent("idempotent", "idempotent_effect", "idempotent"),

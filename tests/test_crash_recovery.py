@@ -37,7 +37,7 @@ from durably.contract import SA_STATUS
 from durably.dev import DevServer
 from durably.models import tool_call
 
-from .conftest import operation_id, search_attribute, serving, wait_for_status
+from .conftest import eventually, operation_id, search_attribute, serving, wait_for_status
 from .crash_agents import HEARTBEAT, Ticket, TicketId
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,6 +235,56 @@ class TestSafeAndIdempotentCrash:
         assert crashes.dedup.requests == 2
         assert crashes.dedup.effects == {op: "T-1"}
         assert result.output == '{"ticket_id":"T-1"}'
+
+
+class TestParallelCallsCrash:
+    async def test_two_manual_calls_block_and_the_idempotent_one_reruns_once(
+        self, crashes: Crashes, client: DurableClient
+    ) -> None:
+        """SIGKILL while three calls of one answer run: each manual call is blocked on its
+        own (nothing runs twice), the idempotent one reruns under its operation id with
+        one effect, and resolving both manual calls finishes the run."""
+        first = crashes.worker()
+        run = await client.start_run("fan-out", "refund both and file a ticket")
+
+        async def all_three_started() -> bool:
+            return len(crashes.journal(kind="tool")) == 3
+
+        await eventually(all_three_started)
+        assert await asyncio.to_thread(crashes.dedup.first_effect.wait, 30)
+        first.kill()
+        crashes.worker()
+
+        async def both_blocked() -> bool:
+            snap = await run.snapshot()
+            return sorted(snap.blocked_operations) == ["tool:1:m1", "tool:1:m2"]
+
+        await eventually(both_blocked, within=60)
+        snap = await run.snapshot()
+        assert snap.status == RunStatus.NEEDS_ATTENTION
+        assert snap.blocked_operation == snap.blocked_operations[0]
+        op_i1 = await operation_id(client, run, "tool:1:i1")
+
+        async def idempotent_done() -> bool:
+            return len(crashes.journal(kind="tool", tool="idempotent_effect")) == 2
+
+        await eventually(idempotent_done, within=60)
+        await run.resolve_tool("tool:1:m1", {"type": "json", "value": {"ticket_id": "R-A"}})
+        assert (await run.snapshot()).blocked_operations == ["tool:1:m2"]
+        await run.resolve_tool("tool:1:m2", {"type": "error", "message": "refund B bounced"})
+        result = await asyncio.wait_for(run.result(), 60)
+
+        assert result.output == '{"ticket_id":"R-A"} | refund B bounced | {"ticket_id":"T-1"}'
+        manual = [e["op"] for e in crashes.journal(kind="tool", tool="manual_hang")]
+        assert sorted(manual) == sorted(
+            [
+                await operation_id(client, run, "tool:1:m1"),
+                await operation_id(client, run, "tool:1:m2"),
+            ]
+        )  # one execution each, never repeated
+        idempotent = crashes.journal(kind="tool", tool="idempotent_effect")
+        assert [(e["op"], e["attempt"]) for e in idempotent] == [(op_i1, 1), (op_i1, 2)]
+        assert crashes.dedup.effects == {op_i1: "T-1"}
 
 
 class TestCommittedResults:

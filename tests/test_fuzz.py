@@ -870,6 +870,64 @@ async def test_respond_signal_never_fails_a_task_and_records_every_rejection(
     await finish_approval_run(bench, run)
 
 
+async def test_respond_many_refuses_a_batch_with_a_bad_entry_whole_and_never_fails_a_task(
+    bench: Bench,
+) -> None:
+    """Any batch holding one response the run cannot accept, as the `respond_many` update
+    or a `respond_signal` list, up to 100 entries and near the size limits: the update is
+    rejected as a durably error naming the entry and nothing is recorded; the signal is
+    one `response_rejected` event; the pending interaction stays as it was."""
+    run, pending = await parked_approval(bench)
+    ids = list(pending.kinds)
+    unknown = {"interaction_id": "approval:9:zz", "response": APPROVE}
+
+    async def prop(path: str, entries: list[Any], at: int) -> None:
+        batch = [*entries[:at], unknown, *entries[at:]]
+        if too_big(batch):
+            return
+        await bench.settled(run)
+        before_len = await bench.length(run)
+        before = await run.snapshot()
+        if path == "update":
+            with pytest.raises(WorkflowUpdateFailedError) as caught:
+                await asyncio.wait_for(
+                    bench.raw(run).execute_update("respond_many", {"responses": batch}), 20
+                )
+            cause = caught.value.cause
+            assert isinstance(cause, ApplicationError), _failure_text(caught.value)
+            assert cause.type in DURABLY_REJECTIONS, _failure_text(caught.value)[:500]
+            assert len(cause.message) <= MAX_MESSAGE, cause.message[:300]
+            assert await bench.recorded_since(run, before_len) == []
+            assert await run.snapshot() == before
+        else:
+            await bench.raw(run).signal("respond_signal", batch)
+            await bench.settled(run)
+            after = await run.snapshot()
+            assert [e.type for e in _recorded(before, after)] == ["response_rejected"]
+            assert _interaction(after) == _interaction(before)
+
+    batches = st.lists(respond_request_like(ids) | JSON, max_size=99)
+    big = {"interaction_id": "approval:1:b", "response": {**APPROVE, "reason": "x" * 9_000}}
+    await check(
+        prop,
+        st.sampled_from(["update", "signal"]),
+        batches,
+        st.integers(0, 99),
+        max_examples=30,
+        shrink=False,
+        examples=[
+            ("update", [], 0),
+            ("update", [{"interaction_id": "approval:1:b", "response": APPROVE}], 1),
+            ("signal", [{"interaction_id": "approval:1:b", "response": APPROVE}], 0),
+            ("update", [big] * 99, 50),  # ~0.9 MB, every entry over the reason bound
+            ("signal", [big] * 99, 99),
+            ("update", [{"interaction_id": "approval:1:b", "response": APPROVE}] * 2, 2),
+        ],
+    )
+    await bench.assert_no_failed_task(run)
+    await finish_approval_run(bench, run)
+
+
 # -- 3. resolve_tool ------------------------------------------------------------------
 
 

@@ -395,3 +395,111 @@ class TestContinuation:
 
 def _result(call: ToolCall) -> ToolResultMessage:
     return ToolResultMessage(call_id=call.call_id, tool=call.name, content="ok")
+
+
+def parallel_machine() -> RunMachine:
+    state = RunState(agent_id="desk", input="refund order 7", digest=EMPTY_DIGEST, chain="c1")
+    m = RunMachine(state, run_id="run-1", hardened=True, parallel=True, clock=lambda: NOW)
+    m.pinned(PIN)
+    return m
+
+
+def result(call_id: str, content: str) -> ToolResultMessage:
+    return ToolResultMessage(call_id=call_id, tool="lookup", content=content)
+
+
+class TestSeveralCallsOfOneTurn:
+    """The parallel-tools patch: several calls of a turn at once (SPEC section 14)."""
+
+    def test_results_enter_the_transcript_in_call_order_whatever_order_they_finish(
+        self,
+    ) -> None:
+        m = parallel_machine()
+        answer(m, ("lookup", {"q": "a"}), ("lookup", {"q": "b"}), ("lookup", {"q": "c"}))
+        keys = [OperationKey.tool(1, f"call_{i}") for i in range(3)]
+
+        def finish(i: int) -> list[str]:
+            m.tool_done(keys[i], m.call_of(keys[i]), result(f"call_{i}", "x"), resolved=False)
+            return [r.call_id for r in m.s.transcript if isinstance(r, ToolResultMessage)]
+
+        assert finish(2) == []
+        assert finish(1) == []
+        assert m.is_held(m.call_of(keys[1])) and m.is_held(m.call_of(keys[2]))
+        assert finish(0) == ["call_0", "call_1", "call_2"]
+        assert m.s.held == []
+        assert isinstance(m.next_step(lambda: False), RequestModel)
+
+    def test_the_status_follows_needs_attention_failed_waiting_running(self) -> None:
+        m = parallel_machine()
+        answer(m, ("pay", {"n": 1}), ("file", {"n": 2}), ("lookup", {"n": 3}))
+        pay, file, lookup = (OperationKey.tool(1, f"call_{i}") for i in range(3))
+        m.ask(pay, m.call_of(pay), PIN.tools["pay"], now=NOW)
+        assert m.s.status == RunStatus.WAITING
+        m.park(RunStatus.FAILED, error="db down", key=lookup)
+        assert (m.s.status, m.s.failed_operation, m.s.error) == (
+            RunStatus.FAILED,
+            str(lookup),
+            "db down",
+        )
+        attention = Attention(reason="tool_interrupted", detail={"tool": "file"})
+        m.park(RunStatus.NEEDS_ATTENTION, error="lost", key=file, attention=attention)
+        assert (m.s.status, m.s.blocked_operation) == (RunStatus.NEEDS_ATTENTION, str(file))
+        assert m.s.failed_operation == str(lookup)
+
+        with pytest.raises(Rejected, match="is blocked on 'tool:1:call_1'"):
+            m.check_resolution(ResolveToolRequest(operation=str(pay), resolution={"type": "rerun"}))
+        m.resolve(ResolveToolRequest(operation=str(file), resolution={"type": "rerun"}))
+        m.decided(file)
+        assert m.s.status == RunStatus.FAILED
+        assert m.retry() == str(lookup)
+        m.decided(lookup)
+        assert m.s.status == RunStatus.WAITING
+        assert [i.id for i in m.s.interactions] == ["approval:1:call_0"]
+
+    def test_retry_never_repeats_an_interrupted_manual_call_beside_a_failed_one(self) -> None:
+        m = parallel_machine()
+        answer(m, ("file", {"n": 1}), ("lookup", {"n": 2}))
+        file, lookup = (OperationKey.tool(1, f"call_{i}") for i in range(2))
+        attention = Attention(reason="tool_interrupted", detail={"tool": "file"})
+        m.park(RunStatus.NEEDS_ATTENTION, error="lost", key=file, attention=attention)
+        m.park(RunStatus.FAILED, error="db down", key=lookup)
+        assert m.retry() == str(lookup)
+        assert m.decisions == {str(lookup): "retry"}
+        with pytest.raises(Rejected, match="interrupted manual tool call"):
+            m.check_retry()
+
+    def test_a_batch_with_one_bad_response_is_refused_whole_naming_it(self) -> None:
+        m = parallel_machine()
+        answer(m, ("pay", {"n": 1}), ("pay", {"n": 2}))
+        for i in range(2):
+            key = OperationKey.tool(1, f"call_{i}")
+            m.ask(key, m.call_of(key), PIN.tools["pay"], now=NOW)
+        good = RespondRequest(interaction_id="approval:1:call_0", response=APPROVE_RESPONSE)
+        bad = RespondRequest(interaction_id="approval:1:call_9", response=APPROVE_RESPONSE)
+        with pytest.raises(Rejected, match=r"response 2 of 2: .*no interaction"):
+            m.check_many([good, bad])
+        with pytest.raises(Rejected, match="answers 'approval:1:call_0' again"):
+            m.check_many([good, good])
+        assert m.s.answered == {}
+        assert len(m.check_many([good])) == 1
+
+    def test_a_run_continued_from_one_call_at_a_time_keeps_its_wait(self) -> None:
+        """A sequential run's singular wait is taken into the lists (nothing repeated)."""
+        m = machine()
+        answer(m, ("file", {"n": 1}))
+        file = OperationKey.tool(1, "call_0")
+        attention = Attention(reason="tool_interrupted", detail={"tool": "file"})
+        m.park(RunStatus.NEEDS_ATTENTION, error="lost", key=file, attention=attention)
+        continued = RunMachine(
+            m.s.model_copy(deep=True),
+            run_id="run-1",
+            hardened=True,
+            parallel=True,
+            clock=lambda: NOW,
+        )
+        assert continued.parked_on(file)
+        assert continued.s.blocked_operation == str(file)
+        assert [p.operation for p in continued.s.parked] == [str(file)]
+
+
+APPROVE_RESPONSE = {"type": "tool-approval", "approved": True}
