@@ -38,6 +38,10 @@ same way (target: wall per turn <= 1.15x at N=50).
 instead: a session of N submissions against a raw-Temporal floor and the two
 integrations' sessions (``sessions.py``, whose ``--help`` it takes).
 
+``python benchmarks/compare.py tools [--runs N]`` times the tool phase of three
+1-second ``safe`` tool calls of one model answer, durably against raw Temporal
+running the three activities with ``asyncio.gather`` (``parallel_tools.py``).
+
 Run ``python benchmarks/compare.py`` for the full measurement (N = 5, 50 and
 200, throughput at 20, 50 and 200, 500-turn runs of (a), (a'), (b) and (b'); it
 writes ``docs/benchmarks.md`` and ``docs/benchmarks_history.png``),
@@ -1557,6 +1561,11 @@ async def main(argv: Sequence[str] | None = None) -> None:
         import sessions
 
         await sessions.main(args[1:])
+        return
+    if args[:1] == ["tools"]:  # the tool calls of one model answer, run at once (issue 16)
+        import parallel_tools
+
+        await parallel_tools.main(args[1:])
         return
     plan, docs = parse_args(args)
     if OPENAI in plan.impls:
