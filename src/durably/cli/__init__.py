@@ -11,6 +11,7 @@
     durably runs show RUN [--json]       read one run's snapshot
     durably inbox                        what waits for a person, across all runs
     durably approve RUN --as NAME        approve the pending tool call (deny: --reason)
+    durably approve RUN --all --as NAME  approve every pending tool call at once (or deny)
     durably approval-key                 a new key for signed approvals
     durably encryption-key               a new key for encrypted payloads
     durably codec-server                 decode encrypted runs for the Web UI and `temporal`

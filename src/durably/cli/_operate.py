@@ -5,6 +5,10 @@ An approval or denial is bound to the call it was read with: it carries that
 call's `args_digest` (or the `--digest` the operator reviewed), so a run id
 reused by another run, or a call whose arguments changed since the snapshot
 was read, never gets the decision meant for other arguments.
+
+`approve --all` / `deny --all` decide every tool call of one snapshot at once,
+all or none: the calls printed are exactly the calls sent, so a call that
+became pending after the snapshot was read is never decided unseen.
 """
 
 from __future__ import annotations
@@ -47,6 +51,14 @@ Digest = Annotated[
         "--digest",
         help="The args_digest you reviewed; refused if the call's arguments differ.",
         show_default=False,
+    ),
+]
+Every = Annotated[
+    bool,
+    typer.Option(
+        "--all",
+        help="Decide every tool call the run waits on, as printed, all or none "
+        "(pending questions stay pending).",
     ),
 ]
 
@@ -265,17 +277,27 @@ async def retry(run_id: RunId, *, conn: Connection) -> None:
 async def approve(
     run_id: RunId,
     responder: Responder,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", help="Why; recorded in the run's events.", show_default=False),
+    ] = None,
     interaction: InteractionId = None,
     digest: Digest = None,
+    every: Every = False,
     *,
     conn: Connection,
 ) -> None:
-    """Approve the tool call a run is waiting on; the tool then runs.
+    """Approve the tool call a run is waiting on (--all: every one); the tool then runs.
 
     The approval carries the args_digest of the call it was read with (or
     --digest), so it never approves other arguments than the ones printed.
     """
-    await _decide(await conn.get_run(run_id), interaction, responder, approved=True, digest=digest)
+    if every:
+        _alone(interaction, digest)
+        await _decide_all(await conn.get_run(run_id), responder, approved=True, reason=reason)
+        return
+    run = await conn.get_run(run_id)
+    await _decide(run, interaction, responder, approved=True, digest=digest, reason=reason)
 
 
 @command
@@ -290,10 +312,15 @@ async def deny(
     ] = None,
     interaction: InteractionId = None,
     digest: Digest = None,
+    every: Every = False,
     *,
     conn: Connection,
 ) -> None:
-    """Deny the tool call a run is waiting on; the tool never runs."""
+    """Deny the tool call a run is waiting on (--all: every one); the tool never runs."""
+    if every:
+        _alone(interaction, digest)
+        await _decide_all(await conn.get_run(run_id), responder, approved=False, reason=reason)
+        return
     run = await conn.get_run(run_id)
     await _decide(run, interaction, responder, approved=False, digest=digest, reason=reason)
 
@@ -371,8 +398,83 @@ async def _decide(
         safe(f"{accepted.interaction_id} of run {run.run_id}: {verdict} by {accepted.responder}.")
     )
     if pending is not None:
-        args = json.dumps(pending.args, ensure_ascii=False, separators=(",", ":"))
-        console.print(safe(f"  tool {pending.tool}, arguments {clip(args, 300)}"))
+        console.print(safe(f"  {_call_text(pending)}"))
+
+
+def _call_text(call: Interaction) -> str:
+    """A tool call as the operator reviews it: the tool and its arguments (clipped)."""
+    args = json.dumps(call.args, ensure_ascii=False, separators=(",", ":"))
+    return f"tool {call.tool}, arguments {clip(args, 300)}"
+
+
+def _alone(interaction_id: str | None, digest: str | None) -> None:
+    """`--all` decides every pending call; naming one as well is a contradiction: status 2."""
+    named = [
+        name
+        for name, value in (("--interaction", interaction_id), ("--digest", digest))
+        if value is not None
+    ]
+    if named:
+        given = " and ".join(named)
+        err_console.print(
+            Text(
+                f"error: --all decides every pending tool call, so it takes no {given}. "
+                f"Drop --all to decide one call, or drop {given} to decide them all",
+                style="red",
+            )
+        )
+        raise typer.Exit(2)
+
+
+async def _decide_all(
+    run: RunHandle, responder: str, *, approved: bool, reason: str | None
+) -> None:
+    """Approve or deny every tool call of one snapshot, all or none, and print them first.
+
+    The calls sent are the calls printed (each with its args_digest), never a
+    fresh read: a call that became pending after the snapshot is not decided
+    unseen, and one whose arguments changed is refused with the whole batch.
+    """
+    snap = await run.snapshot()
+    calls = [i for i in snap.interactions if i.type == "tool-approval"]
+    questions = [i.id for i in snap.interactions if i.type == "question"]
+    verdict = "approved" if approved else "denied"
+    if not calls:
+        raise _no_calls(run.run_id, snap.status.value, questions, verdict)
+    doing = "Approving" if approved else "Denying"
+    console.print(safe(f"{doing} {len(calls)} tool call(s) of run {run.run_id}, all or none:"))
+    for call in calls:
+        console.print(safe(f"  {call.id}: {_call_text(call)}"))
+    if questions:
+        console.print(safe(_questions_left(run.run_id, questions)))
+    signed = [c for c in calls if c.signed]
+    keys = _keys(signed[0]) if signed else None
+    decide = run.approve_all if approved else run.deny_all
+    accepted = await decide(calls, responder=responder, reason=reason, keys=keys)
+    who = accepted[0].responder if accepted else responder
+    console.print(safe(f"All {len(accepted)} {verdict} by {who}."))
+
+
+def _questions_left(run_id: str, questions: list[str]) -> str:
+    """Why --all leaves questions pending: an answer is a person's text, never a batch's."""
+    return f"Not answered by --all: question(s) {', '.join(questions)}; {_answer_each(run_id)}."
+
+
+def _answer_each(run_id: str) -> str:
+    return f"answer each with `durably answer {run_id} TEXT --interaction ID --as NAME`"
+
+
+def _no_calls(run_id: str, status: str, questions: list[str], verdict: str) -> DurablyError:
+    """Nothing to decide: say so, and what the run waits on instead."""
+    if questions:
+        return DurablyError(
+            f"run {run_id} waits for no tool approval, only for question(s) "
+            f"{', '.join(questions)}, so nothing was {verdict}; {_answer_each(run_id)}"
+        )
+    return DurablyError(
+        f"run {run_id} is {status} and waits for no tool approval, so nothing was {verdict}; "
+        "see `durably inbox`"
+    )
 
 
 def _keys(call: Interaction) -> ApprovalKeys:

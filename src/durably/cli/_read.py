@@ -39,7 +39,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 @command
 async def inbox(as_json: AsJson = False, *, conn: Connection) -> None:
     """Everything waiting for a person, across all runs: approvals, questions,
-    blocked operations, failed runs and retry waits."""
+    blocked operations, failed runs and retry waits, one line each (a run whose
+    turn holds several shows several)."""
     items = await (await conn.client()).inbox()
     if as_json:
         print(json.dumps([i.model_dump(mode="json") for i in items], indent=2))
@@ -58,12 +59,22 @@ async def inbox(as_json: AsJson = False, *, conn: Connection) -> None:
             safe(i.run_id),
             *([safe(i.session_id or "-")] if sessions else []),
             safe(i.agent_id or "-"),
-            status_text(i.status) if i.kind in ("failed", "blocked") else Text(i.kind),
+            _kind_text(i.kind),
             local_time(i.since, "%m-%d %H:%M"),
             safe(i.waiting_for),
             safe(i.interaction_id or i.operation or ""),
         )
     console.print(rows)
+
+
+# A blocked or failed item shows in its status's colour. Not the run's status: under
+# the parallel-tools patch one run can hold blocked, failed and pending items at once.
+_KIND_STATUS = {"blocked": RunStatus.NEEDS_ATTENTION, "failed": RunStatus.FAILED}
+
+
+def _kind_text(kind: str) -> Text:
+    status = _KIND_STATUS.get(kind)
+    return status_text(status) if status is not None else Text(kind)
 
 
 @command

@@ -39,6 +39,7 @@ from durably.contract import (
     SA_STATUS,
     SESSION_WORKFLOW_TYPE,
     WORKFLOW_TYPE,
+    EventType,
     InboxItem,
     RunInput,
     RunSnapshot,
@@ -428,11 +429,31 @@ def _utf8_size(text: str) -> int:
 
 
 def _inbox_items(snap: RunSnapshot) -> list[InboxItem]:
-    """What a parked run waits for, in words: one item per pending interaction."""
+    """What a parked run waits for, in words: one item per blocked operation, per failed
+    operation and per pending interaction.
+
+    Under the parallel-tools patch one turn can hold all three at once, and the run's
+    status names only the most urgent (needs_attention > failed > waiting): listing by
+    status alone would hide an approval pending beside a blocked call.
+    """
     since = snap.events[-1].at if snap.events else None
     base = {"run_id": snap.run_id, "agent_id": snap.agent_id, "status": snap.status, "since": since}
-    if snap.status == RunStatus.WAITING:
-        return [
+    blocked: list[str | None] = [*snap.blocked_operations]
+    if not blocked and snap.status == RunStatus.NEEDS_ATTENTION:
+        blocked = [None]  # a run parked before operations were named
+    failed: list[str | None] = [*snap.failed_operations]
+    if not failed and snap.status == RunStatus.FAILED:
+        failed = [None]
+    items = [
+        *(
+            InboxItem(**base, kind="blocked", waiting_for=_blocked_text(snap, op), operation=op)
+            for op in blocked
+        ),
+        *(
+            InboxItem(**base, kind="failed", waiting_for=_failed_text(snap, op), operation=op)
+            for op in failed
+        ),
+        *(
             InboxItem(
                 **base,
                 kind="question" if i.type == "question" else "approval",
@@ -445,37 +466,50 @@ def _inbox_items(snap: RunSnapshot) -> list[InboxItem]:
                 operation=i.operation,
             )
             for i in snap.interactions
-        ]
-    if snap.status == RunStatus.NEEDS_ATTENTION:
-        attention = snap.attention
-        what = (
-            f"verify {attention.tool} in the external system, then resolve it"
-            if isinstance(attention, ToolInterrupted)
-            else f"{attention.reason if attention else 'unknown'}: fix it, then retry"
-        )
-        operations: list[str | None] = [*snap.blocked_operations] or [None]
-        return [
-            InboxItem(**base, kind="blocked", waiting_for=what, operation=operation)
-            for operation in operations
-        ]
-    if snap.status == RunStatus.FAILED:
-        return [
-            InboxItem(
-                **base,
-                kind="failed",
-                waiting_for=f"retry after fixing: {_shorten(snap.error or '', 120)}",
-            )
-        ]
+        ),
+    ]
     if snap.status == RunStatus.RETRY_WAIT:
-        return [
+        items.append(
             InboxItem(
                 **base,
                 kind="retry_wait",
                 waiting_for=f"attempt {snap.attempt} of a model request",
                 next_attempt_at=snap.next_attempt_at,
             )
-        ]
-    return []
+        )
+    return items
+
+
+def _blocked_text(snap: RunSnapshot, operation: str | None) -> str:
+    """What to do about one blocked operation. The snapshot's `attention` is the first
+    blocked operation's; another one's reason is read from its latest event."""
+    first = operation is None or operation == snap.blocked_operation
+    attention = snap.attention if first else None
+    if isinstance(attention, ToolInterrupted):
+        return f"verify {attention.tool} in the external system, then resolve it"
+    if attention is not None:
+        return f"{attention.reason}: fix it, then retry"
+    reason = _latest_detail(snap, EventType.NEEDS_ATTENTION, operation)
+    if (operation or "").startswith("tool:") and reason in (None, "tool_interrupted"):
+        return "verify this call in the external system, then resolve it"
+    return f"{reason or 'unknown'}: fix it, then retry"
+
+
+def _failed_text(snap: RunSnapshot, operation: str | None) -> str:
+    """What to do about one failed operation. The snapshot's `error` is the first failed
+    operation's; another one's error is read from its latest event."""
+    first = operation is None or operation == snap.failed_operations[0]
+    error = snap.error if first else _latest_detail(snap, EventType.RUN_FAILED, operation)
+    shown = _shorten(error, 120) if error else f"see `durably runs show {snap.run_id}`"
+    return f"retry after fixing: {shown}"
+
+
+def _latest_detail(snap: RunSnapshot, event_type: EventType, operation: str | None) -> str | None:
+    """The detail of the run's latest `event_type` event on `operation`, if still shown."""
+    for event in reversed(snap.events):
+        if event.type == event_type and event.operation == operation:
+            return event.detail
+    return None
 
 
 def _unreadable(run: RunSummary, err: Exception) -> list[InboxItem]:

@@ -83,10 +83,14 @@ def _turn_details(run_id: str, s: RunState, running: Mapping[str, str]) -> str |
             f"Approve all {len(approvals)} at once with `durably approve` {run} `--all --as "
             f"NAME`, or deny them with `durably deny` {run} `--all --reason ... --as NAME`."
         )
-    if running:
-        calls = ", ".join(f"{md_code(tool)} ({md_code(key)})" for key, tool in running.items())
-        parts.append(f"Running {len(running)} tool call(s): {calls}")
+    parts += [_running_text(s, key, tool) for key, tool in running.items()]
     return "\n\n".join(parts) if parts else None
+
+
+def _running_text(s: RunState, key: str, tool: str) -> str:
+    policy = s.pin.tools.get(tool) if s.pin is not None else None
+    recovery = f", recovery: {policy.recovery}" if policy is not None else ""
+    return f"Running tool {md_code(tool)} ({md_code(key)}{recovery})"
 
 
 def retry_wait_details(run_id: str, s: RunState) -> str:

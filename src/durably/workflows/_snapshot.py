@@ -69,7 +69,8 @@ class _SentSnapshot(RunSnapshot):
 
 def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot:
     """The snapshot of run `run_id` in state `s`; `current` is its current details."""
-    pending = pending_interactions(s)
+    # Before the parallel patch, `interaction` is what the run waits on only while waiting.
+    pending = pending_interactions(s) if s.interactions or s.status == RunStatus.WAITING else []
     blocked = [p.operation for p in s.parked if p.status == RunStatus.NEEDS_ATTENTION]
     failed = [p.operation for p in s.parked if p.status == RunStatus.FAILED]
     if not s.parked:
