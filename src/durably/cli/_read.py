@@ -178,7 +178,8 @@ def _snapshot_fields(snap: RunSnapshot) -> Table:
         row("output", safe(snap.output, keep_newlines=True))
     for pending in snap.interactions:
         row("waiting for", json.dumps(pending.model_dump(mode="json"), ensure_ascii=False))
-    row("blocked", snap.blocked_operation)
+    row("blocked", ", ".join(snap.blocked_operations) or snap.blocked_operation)
+    row("failed", ", ".join(snap.failed_operations) or None)
     if snap.attention is not None:
         hidden = {"reason"} if isinstance(snap.attention, OtherAttention) else {"reason", "detail"}
         fields_shown = snap.attention.model_dump(mode="json", exclude=hidden)
