@@ -5,34 +5,41 @@ What it does:
 - starts its own Temporal dev server (`durably.dev.DevServer`, SQLite file in
   a temp dir, free ports), its own deduplicating ticket service (HTTP), and N
   `durably worker` processes hosting `chaos_agents:registrations`;
-- starts `--runs` runs of four scripted agents mixing safe, idempotent and
+- starts `--runs` runs of five scripted agents mixing safe, idempotent and
   manual tools and a manual tool that needs approval (at most `--in-flight`
-  unfinished at once);
+  unfinished at once), in a fixed rotation; one of them (`parallel`) answers
+  several calls at once, two or three of them manual, which durably runs
+  concurrently, so one kill can leave several manual calls of a run blocked;
 - a killer SIGKILLs a worker every 3-8 s (1.5-3 s with `--small`), every
-  other time one that is inside a manual call if there is one, and starts a
-  new one; a supervisor restarts any worker that exits by itself (and
-  reports it); once about a third of the runs completed, the dev server is
-  stopped and started again on the same database and port (the workers are
-  left running: the report says whether they kept running);
+  other time one that is inside a manual call if there is one (one inside
+  several manual calls of one run first), and starts a new one; a
+  supervisor restarts any worker that exits by itself (and reports it);
+  once about a third of the runs completed, the dev server is stopped and
+  started again on the same database and port (the workers are left
+  running: the report says whether they kept running);
 - an operator answers approvals through the `respond_signal` signal (about
-  one in seven is denied), and reconciles runs that are `needs_attention`
-  with reason `tool_interrupted` against the journal: an `effect` line ->
-  `resolve_tool` with the journaled result; no effect, and the process that
-  ran the call (the worker identity in the run's history) is dead or wrote
-  `aborted` -> `{"type": "rerun"}`; anything else -> leave it blocked and
-  look again later. A run that fails is retried, and counted as a violation:
-  killed workers must never fail a run.
+  one in seven is denied; several pending at once go as one list, all or
+  none), whatever else the run waits for, and reconciles each of the
+  snapshot's `blocked_operations` (`needs_attention`, reason
+  `tool_interrupted`) against the journal, one at a time: an `effect` line
+  -> `resolve_tool` with the journaled result; no effect, and the process
+  that ran the call (the worker identity in the run's history) is dead or
+  wrote `aborted` -> `{"type": "rerun"}`; anything else -> leave it blocked
+  and look again later. A run that fails is retried, and counted as a
+  violation: killed workers must never fail a run.
 
 Afterwards it checks, against the tools' journals, the ticket service and the
 runs' histories and outputs: no run lost, no duplicate effect of the
 idempotent tool, no manual call executed twice (beyond the reruns the
 operator asked for after proving no effect), every interrupted manual call
 was resolved while its run was `needs_attention`, no denied call ran, every
-output agrees with the journal, and every run completed. It prints the
-counts and exits 1 on any violation.
+output agrees with the journal, holds a result for every call of its
+agent's script and was built from a transcript with each call's result, once,
+in the model's call order, and every run completed. It prints the counts
+and exits 1 on any violation.
 
 Run: ``python benchmarks/chaos.py [--runs 300] [--workers 3] [--small] [--keep]``
-(``--small``: 40 runs, at most 20 in flight, for CI; ``--no-model-retry``
+(``--small``: 50 runs, ten of each agent, at most 20 in flight, for CI; ``--no-model-retry``
 registers the agents without `model_retry`, durably's default).
 """
 
@@ -91,7 +98,7 @@ class Size:
 
 def size_from(args: argparse.Namespace) -> Size:
     if args.small:
-        runs = args.runs or 40
+        runs = args.runs or 10 * len(chaos_agents.AGENT_IDS)
         return Size(runs, args.workers, args.in_flight or 20, (1.5, 3.0), 0.3, 150.0)
     runs = args.runs or 300
     deadline = max(300.0, runs * 2.0)
@@ -203,6 +210,10 @@ class Slot:
     proc: subprocess.Popen[bytes] | None = None
     started: int = 0
     log: Path | None = None
+    # The killer is killing its worker (in a thread) and will start the next: the
+    # supervisor leaves the slot alone meanwhile (else it counts the kill as an exit of
+    # its own and starts a second worker for the slot).
+    killing: bool = False
 
     def connected(self) -> bool:
         """Whether the current worker connected (durably logs `worker started` then)."""
@@ -223,6 +234,7 @@ class Workers:
         self.exits: list[tuple[int, int | None, bool]] = []
 
     def start(self, slot: Slot) -> None:
+        slot.killing = False
         slot.started += 1
         slot.log = self.logs / f"w{slot.index}-{slot.started}.log"
         out = slot.log.open("wb")
@@ -271,6 +283,8 @@ class Workers:
         """Slots whose worker exited without being killed (recorded in `exits`)."""
         gone = []
         for slot in self.slots:
+            if slot.killing:
+                continue
             if slot.proc is not None and slot.proc.poll() is not None:
                 self.dead.add(slot.proc.pid)
                 self.exits.append((slot.proc.pid, slot.proc.returncode, slot.connected()))
@@ -304,6 +318,7 @@ class Workers:
 class Tally:
     kills: int = 0
     kills_mid_manual: int = 0
+    kills_mid_several: int = 0  # inside several manual calls of one run
     server_restarts: int = 0
     server_restart_at: float | None = None
     server_downtime_s: float = 0.0
@@ -319,6 +334,10 @@ class Tally:
     failed_errors: list[str] = field(default_factory=list)
     unresolved_waits: int = 0  # checks that could not prove anything yet
     killed_at: dict[int, float] = field(default_factory=dict)  # pid -> soak time of the kill
+    most_blocked: Counter[str] = field(default_factory=Counter)  # run -> most blocked at once
+    most_pending: Counter[str] = field(default_factory=Counter)  # run -> most pending at once
+    batch_signals: int = 0  # signals that answered several interactions at once
+    resolve_conflicts: int = 0  # resolve_tool refused (the run moved on): look again later
 
 
 class Soak:
@@ -344,6 +363,7 @@ class Soak:
         self.workers = Workers(size.workers, self.server.address, tmp, env)
         self.client: DurableClient | None = None
         self.run_ids: list[str] = []
+        self.agent_of: dict[str, str] = {}  # run id -> agent id
         self.completed: set[str] = set()
         self.tally = Tally()
         self.chaos = asyncio.Lock()  # held by the server restart: no kills meanwhile
@@ -450,6 +470,7 @@ class Soak:
 
             await self.retrying(f"start {run_id}", start)
             self.run_ids.append(run_id)
+            self.agent_of[run_id] = agent_id
 
     async def watcher(self) -> None:
         """Notice completed runs (visibility), and end the soak when all are."""
@@ -485,20 +506,26 @@ class Soak:
                 alive = self.workers.alive()
                 if not alive:
                     continue
-                # Every other kill aims at a worker inside a manual call, when there is one.
-                mid_manual = self.mid_manual_call(alive)
+                # Every other kill aims at a worker inside a manual call, when there is one:
+                # inside several of one run (concurrent calls of one answer) if there is one.
+                mid_manual, mid_several = self.mid_manual_call(alive)
                 aimed = bool(mid_manual) and self.rng.random() < 0.5
-                slot = self.rng.choice(mid_manual if aimed else alive)
+                slot = self.rng.choice((mid_several or mid_manual) if aimed else alive)
+                slot.killing = True
                 pid = await asyncio.to_thread(self.workers.kill, slot)
                 self.tally.kills += 1
                 self.tally.kills_mid_manual += slot in mid_manual
                 self.tally.killed_at[pid] = self.elapsed()
                 what = "inside a manual call" if slot in mid_manual else "at random"
+                if slot in mid_several:
+                    what = "inside several manual calls of one run"
+                    self.tally.kills_mid_several += 1
                 log(f"killed worker {slot.index} (pid {pid}) {what}; kill {self.tally.kills}")
                 self.workers.start(slot)
 
-    def mid_manual_call(self, alive: list[Slot]) -> list[Slot]:
-        """Workers whose journal shows a manual call started and not finished."""
+    def mid_manual_call(self, alive: list[Slot]) -> tuple[list[Slot], list[Slot]]:
+        """Workers whose journal shows a manual call started and not finished, and those
+        with several such calls of one run."""
         self.journal.refresh()
         open_calls: set[tuple[int, str]] = set()
         for entry in self.journal.entries[-2000:]:
@@ -510,7 +537,12 @@ class Soak:
             elif entry["ev"] in ("done", "aborted"):
                 open_calls.discard(key)
         pids = {pid for pid, _ in open_calls}
-        return [s for s in alive if s.proc is not None and s.proc.pid in pids]
+        per_run = Counter((pid, op.split("/", 1)[0]) for pid, op in open_calls)
+        several = {pid for (pid, _), n in per_run.items() if n > 1}
+        return (
+            [s for s in alive if s.proc is not None and s.proc.pid in pids],
+            [s for s in alive if s.proc is not None and s.proc.pid in several],
+        )
 
     async def supervisor(self) -> None:
         """Restart workers that exited by themselves, and report each exit."""
@@ -522,7 +554,7 @@ class Soak:
                 log(f"worker {slot.index} (pid {pid}) exited by itself {state}, code {code}")
             if not self.server_down:  # a worker cannot connect meanwhile: it would exit 1
                 for slot in self.workers.slots:
-                    if slot.proc is None:
+                    if slot.proc is None and not slot.killing:
                         self.workers.start(slot)
 
     async def server_restarter(self) -> None:
@@ -610,44 +642,75 @@ class Soak:
             await asyncio.sleep(0.3)
 
     async def attend(self, run_id: str) -> None:
+        """Everything the run waits for at once: the calls of one model answer run
+        concurrently, so a run may be blocked on several interrupted calls, have failed
+        ones, and wait for approvals, all at the same time (its status names the first)."""
         run = RunHandle(self.temporal, run_id)
         snap = await run.snapshot()
-        if snap.status == RunStatus.WAITING and snap.interaction is not None:
-            await self.answer(run_id, snap.interaction.model_dump(mode="json"))
-        elif snap.status == RunStatus.NEEDS_ATTENTION:
+        t = self.tally
+        t.most_pending[run_id] = max(t.most_pending[run_id], len(snap.interactions))
+        t.most_blocked[run_id] = max(t.most_blocked[run_id], len(snap.blocked_operations))
+        if snap.interactions:
+            await self.answer(run_id, [i.model_dump(mode="json") for i in snap.interactions])
+        if snap.status == RunStatus.NEEDS_ATTENTION:
+            # `attention` says why the first blocked operation is; the others of a turn
+            # are interrupted tool calls too, or resolve_tool refuses them (logged).
             reason = snap.attention.reason if snap.attention else "unknown"
-            if reason != "tool_interrupted" or snap.blocked_operation is None:
-                self.tally.other_attention[run_id] = reason
+            if reason != "tool_interrupted" or not snap.blocked_operations:
+                t.other_attention[run_id] = reason
                 await run.retry()
                 return
-            key = snap.blocked_operation
-            self.tally.attention.setdefault((run_id, key), self.elapsed())
-            await self.reconcile(run_id, key)
-        elif snap.status == RunStatus.FAILED:
-            self.tally.failed_retried[run_id] += 1
-            self.tally.failed_errors.append(f"{run_id}: {snap.error}")
-            log(f"run {run_id} failed ({snap.error}); retrying it")
+            for key in snap.blocked_operations:  # one at a time; each on its own evidence
+                t.attention.setdefault((run_id, key), self.elapsed())
+                try:
+                    await self.reconcile(run_id, key)
+                except DurableConflictError as err:
+                    # A decision on its way already, or the snapshot ran ahead of the run:
+                    # a query replays every event in history, while the update is validated
+                    # before the workflow task's new events (a timed-out call) are applied.
+                    t.resolve_conflicts += 1
+                    log(f"operator on {run_id}/{key}: {err}")
+        if snap.status == RunStatus.FAILED or snap.failed_operations:
+            t.failed_retried[run_id] += 1
+            t.failed_errors.append(f"{run_id}: {snap.failed_operations} {snap.error}")
+            log(f"run {run_id} failed ({snap.failed_operations}: {snap.error}); retrying it")
             await run.retry()
 
-    async def answer(self, run_id: str, interaction: dict[str, Any]) -> None:
-        key = f"{run_id}/{interaction['id']}"
-        sent = self.signalled.get(key)
-        if sent is not None and time.monotonic() - sent < 10:
-            return  # signalled already; the run has not caught up yet
-        op = f"{run_id}/{interaction['operation']}"
-        approved = int(hashlib.sha256(op.encode()).hexdigest()[:8], 16) % 7 != 0
-        response: dict[str, Any] = {"type": "tool-approval", "approved": approved}
-        if approved:
-            response["args_digest"] = interaction["args_digest"]
+    async def answer(self, run_id: str, interactions: list[dict[str, Any]]) -> None:
+        """Approve or deny each pending approval not signalled lately: one signal, or one
+        signal holding the list (taken all or none) when several are pending."""
+        now = time.monotonic()
+        due = [
+            i for i in interactions if now - self.signalled.get(f"{run_id}/{i['id']}", -1e9) >= 10
+        ]  # signalled within 10 s: the run has not caught up yet
+        requests: list[RespondRequest] = []
+        decisions: dict[str, bool] = {}
+        for interaction in due:
+            op = f"{run_id}/{interaction['operation']}"
+            approved = int(hashlib.sha256(op.encode()).hexdigest()[:8], 16) % 7 != 0
+            response: dict[str, Any] = {"type": "tool-approval", "approved": approved}
+            if approved:
+                response["args_digest"] = interaction["args_digest"]
+            else:
+                response["reason"] = "chaos operator says no"
+            requests.append(
+                RespondRequest(
+                    interaction_id=interaction["id"], response=response, responder=OPERATOR
+                )
+            )
+            decisions[op] = approved
+        if not requests:
+            return
+        handle = self.temporal.get_workflow_handle(run_id)
+        if len(requests) == 1:
+            await handle.signal("respond_signal", requests[0])
         else:
-            response["reason"] = "chaos operator says no"
-        await self.temporal.get_workflow_handle(run_id).signal(
-            "respond_signal",
-            RespondRequest(interaction_id=interaction["id"], response=response, responder=OPERATOR),
-        )
-        self.signalled[key] = time.monotonic()
+            await handle.signal("respond_signal", requests)
+            self.tally.batch_signals += 1
+        for interaction in due:
+            self.signalled[f"{run_id}/{interaction['id']}"] = now
         self.tally.signals_sent += 1
-        self.tally.approved[op] = approved
+        self.tally.approved.update(decisions)
 
     async def reconcile(self, run_id: str, key: str) -> None:
         """Resolve an interrupted manual call from the journal, or leave it blocked."""
@@ -717,7 +780,8 @@ class Soak:
                     with contextlib.suppress(*RPC_ERRORS):
                         snap = await RunHandle(self.temporal, run_id).snapshot()
                         statuses[run_id] += (
-                            f" / {snap.status.value} blocked={snap.blocked_operation} "
+                            f" / {snap.status.value} blocked={snap.blocked_operations} "
+                            f"pending={[i.id for i in snap.interactions]} "
                             f"attention={snap.attention} error={snap.error}"
                         )
                     return
@@ -804,6 +868,8 @@ class Soak:
                     "resolve_tool while needs_attention"
                 )
         attention_manual = len(t.attention)
+        several_blocked = [r for r, n in t.most_blocked.items() if n > 1]
+        overlapped, multi_turns = overlapping_turns(self.agent_of, outputs, ops)
         # How long after killing the worker that ran a manual call the operator saw the
         # run needs_attention (heartbeat timeout + workflow task + the operator's polling).
         noticed: list[float] = []
@@ -827,8 +893,18 @@ class Soak:
         for op in denied_ran:
             problems.append(f"{op}: denied, yet it ran")
         disagree = checked = 0
+        lost_results = order_problems = 0
         for run_id, answer in outputs.items():
-            for key, result in answer.items():
+            results: dict[str, dict[str, Any]] = answer.get("results", {})
+            # Every call of the script has its result: none lost between the turns.
+            missing = sorted(set(expected_keys(self.agent_of.get(run_id, ""))) - set(results))
+            lost_results += len(missing)
+            for key in missing:
+                problems.append(f"{run_id}/{key}: no result in the run's output")
+            for problem in answer.get("problems", []):
+                order_problems += 1
+                problems.append(f"{run_id}: the model's last transcript: {problem}")
+            for key, result in results.items():
                 checked += 1
                 op = f"{run_id}/{key}"
                 effects = [e for e in ops.get(op, []) if e["ev"] == "effect"]
@@ -872,9 +948,30 @@ class Soak:
             ("denied calls executed", len(denied_ran)),
             ("tool results in outputs checked against the journal", checked),
             ("outputs disagreeing with the journal", disagree),
+            ("tool results lost (a call of the script without a result)", lost_results),
+            ("transcripts with a result missing, repeated or out of call order", order_problems),
+            (
+                "multi-call runs completed",
+                sum(
+                    1
+                    for r in outputs
+                    if any(len(turn) > 1 for turn in chaos_agents.SCRIPTS[self.agent_of[r]])
+                ),
+            ),
+            ("  turns of several calls whose calls overlapped in time", overlapped),
+            ("  turns of several calls that ran", multi_turns),
+            ("runs seen with several manual calls blocked at once", len(several_blocked)),
+            ("  most blocked at once in one run", max(t.most_blocked.values(), default=0)),
+            (
+                "runs seen with several approvals pending at once",
+                sum(1 for n in t.most_pending.values() if n > 1),
+            ),
+            ("approval signals answering several at once", t.batch_signals),
+            ("resolve_tool refused, the operator looked again", t.resolve_conflicts),
             ("failed runs retried", sum(t.failed_retried.values())),
             ("kills", t.kills),
             ("  of which inside a manual call", t.kills_mid_manual),
+            ("  of which inside several manual calls of one run", t.kills_mid_several),
             ("worker exits not caused by a kill", len(self.workers.exits)),
             (
                 "  of which before connecting",
@@ -905,9 +1002,52 @@ class Soak:
         return 1 if violations else 0
 
 
+def expected_keys(agent_id: str) -> list[str]:
+    """The checkpoint keys of every call in the agent's script."""
+    return [
+        f"tool:{turn}:t{turn}-{n}"
+        for turn, calls in enumerate(chaos_agents.SCRIPTS.get(agent_id, []), start=1)
+        for n in range(1, len(calls) + 1)
+    ]
+
+
+def overlapping_turns(
+    agent_of: dict[str, str],
+    outputs: dict[str, dict[str, Any]],
+    ops: dict[str, list[dict[str, Any]]],
+) -> tuple[int, int]:
+    """Of the completed runs' turns of several calls, in how many did two calls run at
+    the same time (per the journal: a call's first attempt, first to last line), and how
+    many had two calls that ran at all (a denied call never starts)."""
+
+    def by_time(entry: dict[str, Any]) -> float:
+        return float(entry["t"])
+
+    overlapped = examined = 0
+    for run_id in outputs:
+        script = chaos_agents.SCRIPTS.get(agent_of.get(run_id, ""), [])
+        for turn, calls in enumerate(script, start=1):
+            if len(calls) < 2:
+                continue
+            spans = []
+            for n in range(1, len(calls) + 1):
+                entries = sorted(ops.get(f"{run_id}/tool:{turn}:t{turn}-{n}", []), key=by_time)
+                first = [e for e in entries if e["pid"] == entries[0]["pid"]] if entries else []
+                if first:  # its first attempt, not stretched by a rerun after a kill
+                    spans.append((first[0]["t"], first[-1]["t"]))
+            if len(spans) < 2:
+                continue
+            examined += 1
+            spans.sort()
+            ends = [end for _, end in spans]
+            if any(start < max(ends[:i]) for i, (start, _) in enumerate(spans) if i):
+                overlapped += 1
+    return overlapped, examined
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=None, help="runs to start (300; --small 36)")
+    parser.add_argument("--runs", type=int, default=None, help="runs to start (300; --small 50)")
     parser.add_argument("--workers", type=int, default=3, help="worker processes (3)")
     parser.add_argument("--in-flight", type=int, default=None, help="unfinished runs at once")
     parser.add_argument("--small", action="store_true", help="the CI size (under 3 minutes)")

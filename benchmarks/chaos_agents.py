@@ -21,7 +21,15 @@ timeout is short so interrupted calls are noticed within seconds.
 
 Each agent follows a fixed script of tool-call turns (call ids `t{turn}-{n}`)
 and then answers with the JSON of every tool result it saw, keyed by
-checkpoint key, which the soak checks against the journal.
+checkpoint key, which the soak checks against the journal, and of what was
+wrong with the transcript it was sent (a call without its result, a result
+twice or out of the model's call order).
+
+The `parallel` agent answers several calls at once in each turn (two or three
+manual calls beside an idempotent and a safe one, then two calls that need
+approval beside a manual one), which durably runs concurrently (at most
+`PARALLEL_TOOLS` at a time): a kill then interrupts several manual calls of
+one run, which the operator resolves one at a time.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import os
 import random
 import time
 import urllib.request
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -49,7 +58,7 @@ from durably import (
     ToolRetry,
     tool,
 )
-from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
+from durably.messages import AssistantMessage, Message, ToolCall, ToolResultMessage
 
 HEARTBEAT = timedelta(seconds=3)
 # Model requests retry through kills. `chaos.py --no-model-retry` registers none, as
@@ -232,24 +241,69 @@ SCRIPTS: dict[str, list[Turn]] = {
         [("transfer_funds", {"account": "acct-9", "amount_cents": 300})],
         [("refund_payment", {"order": "B-2002", "amount_cents": 700})],
     ],
+    # Several calls per model answer, run at once (the parallel-tools patch).
+    "parallel": [
+        [
+            ("transfer_funds", {"account": "acct-21", "amount_cents": 500}),
+            ("create_ticket", {"title": "parallel batch"}),
+            ("transfer_funds", {"account": "acct-22", "amount_cents": 800}),
+            ("lookup_account", {"account": "acct-23"}),
+        ],
+        [
+            ("refund_payment", {"order": "C-3003", "amount_cents": 900}),
+            ("transfer_funds", {"account": "acct-21", "amount_cents": 250}),
+            ("refund_payment", {"order": "C-3004", "amount_cents": 400}),
+        ],
+    ],
 }
 AGENT_IDS = tuple(SCRIPTS)
+# How many calls of one model answer run at once (fewer than the `parallel` agent's
+# first turn holds, so a call also waits for a slot); None elsewhere: all of them.
+PARALLEL_TOOLS = 3
 
 
-def final_answer(request: ModelRequest) -> dict[str, dict[str, Any]]:
-    """Every tool result of the run, keyed by checkpoint key (`tool:{turn}:{call_id}`)."""
+def final_answer(request: ModelRequest) -> dict[str, Any]:
+    """Every tool result of the run, keyed by checkpoint key (`tool:{turn}:{call_id}`),
+    and what is wrong with the transcript (`transcript_problems`)."""
     turn_of: dict[str, int] = {}
     turn = 0
-    answer: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for message in request.messages:
         if isinstance(message, AssistantMessage):
             turn += 1
             for call in message.tool_calls:
                 turn_of[call.call_id] = turn
         elif isinstance(message, ToolResultMessage):
-            key = f"tool:{turn_of[message.call_id]}:{message.call_id}"
-            answer[key] = {"content": message.content, "error": message.is_error}
-    return answer
+            key = f"tool:{turn_of.get(message.call_id, 0)}:{message.call_id}"
+            results[key] = {"content": message.content, "error": message.is_error}
+    return {"results": results, "problems": transcript_problems(request.messages)}
+
+
+def transcript_problems(messages: Sequence[Message]) -> list[str]:
+    """Each model answer's calls must be followed by exactly their results, one each, in
+    the model's call order (durably holds a call's result until the earlier ones have
+    theirs), before anything else."""
+    problems: list[str] = []
+    due: list[str] = []  # the calls of the latest answer still without a result
+    for n, message in enumerate(messages):
+        if isinstance(message, ToolResultMessage):
+            if not due:
+                problems.append(f"message {n}: result of {message.call_id}, no call was due")
+            elif message.call_id != due[0]:
+                problems.append(f"message {n}: result of {message.call_id}, {due[0]} was due")
+                if message.call_id in due:
+                    due.remove(message.call_id)
+            else:
+                due.pop(0)
+            continue
+        if due:
+            problems.append(f"message {n}: calls {due} have no result")
+        due = (
+            [c.call_id for c in message.tool_calls] if isinstance(message, AssistantMessage) else []
+        )
+    if due:
+        problems.append(f"the end: calls {due} have no result")
+    return problems
 
 
 def scripted(agent_id: str) -> FunctionModel:
@@ -277,6 +331,7 @@ def _registration(agent_id: str) -> AgentRegistration:
         instructions="Chaos soak agent: follow the script.",
         tools=[t for t in TOOLS if t.name in used],
         max_turns=len(SCRIPTS[agent_id]) + 1,
+        max_parallel_tools=PARALLEL_TOOLS if agent_id == "parallel" else None,
     )
     return AgentRegistration(
         agent,
