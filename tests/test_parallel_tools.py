@@ -213,6 +213,9 @@ class TestApprovingTogether:
         assert snap.status == RunStatus.WAITING
         assert await pending_ids(snap) == ["approval:1:c1", "approval:1:c2", "approval:1:c3"]
         assert snap.interaction is not None and snap.interaction.id == "approval:1:c1"
+        current = snap.current or ""  # the Web UI's current details: every pending call
+        assert all(f"(`approval:1:c{n}`)" in current for n in (1, 2, 3)), current
+        assert "durably approve` `refunder" in current and "--all --as" in current
         a, b, c = snap.interactions
         before = await history_length(client, run)
 

@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from durably._transcript import encoded_size
-from durably.contract import MessageRef, RespondAccepted, RunInput, RunState, TranscriptArchive
+from durably.contract import (
+    Attention,
+    Interaction,
+    MessageRef,
+    RespondAccepted,
+    RunInput,
+    RunState,
+    TranscriptArchive,
+)
 from durably.tools import render_result
 from durably.workflows._machine import INLINE_LIMIT, RunMachine
 
@@ -80,11 +88,17 @@ def _archived(m: RunMachine, current_run_id: str) -> RunState:
             c.call_id: s.call_errors[c.call_id] for c in unfinished if c.call_id in s.call_errors
         },
     }
-    if s.interaction is not None and _large(s.interaction.args):
-        lean["interaction"] = s.interaction.model_copy(update={"args": {}, "question": None})
-    if s.attention is not None and _large(s.attention.detail.get("args")):
-        detail = {k: v for k, v in s.attention.detail.items() if k != "args"}
-        lean["attention"] = s.attention.model_copy(update={"detail": detail})
+    if s.interaction is not None:
+        lean["interaction"] = _lean_interaction(s.interaction)
+    lean["interactions"] = [_lean_interaction(i) for i in s.interactions]
+    if s.attention is not None:
+        lean["attention"] = _lean_attention(s.attention)
+    # A held result goes to the model inline: its reference names this run's history.
+    lean["held"] = [h.model_copy(update={"ref": None}) for h in s.held]
+    lean["parked"] = [
+        p.model_copy(update={"attention": _lean_attention(p.attention)}) if p.attention else p
+        for p in s.parked
+    ]
     if not s.transcript:  # nothing to restore (parked before the pin)
         return s.model_copy(update={**lean, "input": ""})
     base_length, new = s.sent_length, m.unsent()
@@ -109,6 +123,19 @@ def _archived(m: RunMachine, current_run_id: str) -> RunState:
             **lean,
         }
     )
+
+
+def _lean_interaction(interaction: Interaction) -> Interaction:
+    if not _large(interaction.args):
+        return interaction
+    return interaction.model_copy(update={"args": {}, "question": None})
+
+
+def _lean_attention(attention: Attention) -> Attention:
+    if not _large(attention.detail.get("args")):
+        return attention
+    detail = {k: v for k, v in attention.detail.items() if k != "args"}
+    return attention.model_copy(update={"detail": detail})
 
 
 def _large(value: Any) -> bool:

@@ -192,7 +192,7 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
     reason other than an interrupted manual call; raise if there is none. `taken`: those
     whose decision is already on its way."""
     if s.status == RunStatus.RETRY_WAIT or not s.parked:
-        check_retry(run_id, s)
+        _check_retry_one(run_id, s)
     eligible = [
         p.operation
         for p in s.parked
@@ -222,7 +222,7 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
             f"run {run_id!r} already accepted a decision for every parked operation; it is "
             "being applied",
         )
-    check_retry(run_id, s)  # not retryable, or nothing parked: say why
+    _check_retry_one(run_id, s)  # not retryable: say why
     raise rejection(ErrorType.DURABLE_CONFLICT, f"run {run_id!r} has nothing to retry")
 
 
@@ -231,6 +231,11 @@ def check_retry(run_id: str, s: RunState, *, taken: set[str | None] | None = Non
     if s.parked and s.status != RunStatus.RETRY_WAIT:
         retried_operations(run_id, s, taken=taken or set())
         return
+    _check_retry_one(run_id, s)
+
+
+def _check_retry_one(run_id: str, s: RunState) -> None:
+    """`check_retry` of a run parked on one operation, from its singular fields."""
     if s.status == RunStatus.NEEDS_ATTENTION and s.attention is not None:
         if s.attention.reason == "tool_interrupted":
             raise rejection(
