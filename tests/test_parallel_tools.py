@@ -31,9 +31,11 @@ from durably.models import last_tool_results
 from .conftest import (
     Runtimes,
     binary,
+    chain_histories,
     cli,
     echo,
     eventually,
+    failed_tasks,
     history_length,
     record_history,
     wait_for_status,
@@ -430,3 +432,81 @@ class TestMixedOutcomes:
             {"error": True, "content": "not charged"},
         ]
         await record_history(client, run.run_id, "mixed_outcomes_by_precedence")
+
+
+class TestContinuingAsNewMidTurn:
+    async def test_a_turn_waiting_on_two_approvals_with_a_result_held_continues_as_new(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Junk signals fill the history while two approvals wait and a later call's result
+        waits for them: the next run of the chain waits on the same two, keeps the held
+        result, runs nothing twice, and the model reads the three in call order."""
+        ran: list[str] = []
+
+        @tool(requires_approval=True)
+        async def refund(args: Order, ctx: ToolContext) -> str:
+            """Refund an order."""
+            ran.append(ctx.operation_id)
+            return f"refunded {args.order}"
+
+        @tool
+        async def lookup(args: Order, ctx: ToolContext) -> str:
+            """Look an order up."""
+            ran.append(ctx.operation_id)
+            return f"order {args.order} ships"
+
+        answer = AssistantMessage(
+            tool_calls=(
+                ToolCall(id="a", name="refund", arguments={"order": "A"}),
+                ToolCall(id="b", name="refund", arguments={"order": "B"}),
+                ToolCall(id="c", name="lookup", arguments={"order": "C"}),
+            )
+        )
+        agent = Agent(
+            id="midturn",
+            model=FunctionModel(
+                lambda r: echo(r) if last_tool_results(r) else answer,
+                name="parallel-tests.midturn",
+            ),
+            instructions="",
+            tools=[refund, lookup],
+        )
+        registration = AgentRegistration(
+            agent,
+            version="1",
+            tool_recovery={"refund": "idempotent", "lookup": "safe"},
+            continue_as_new_events=60,
+        )
+        await runtimes.start([registration])
+        run = await client.start_run("midturn", "refund two, look one up")
+        before = await waiting_on(run, 2)
+
+        async def lookup_done() -> bool:
+            events = (await run.snapshot()).events
+            return any(e.type == "tool_completed" for e in events)
+
+        await eventually(lookup_done)
+        handle = client.temporal.get_workflow_handle(run.run_id)
+        for i in range(70):  # each different, so none coalesces
+            await handle.signal(Handler.RESPOND_SIGNAL, {"interaction_id": f"junk-{i}"})
+
+        async def continued() -> bool:
+            return len(await chain_histories(client, run.run_id)) >= 2
+
+        await eventually(continued)
+        after = await waiting_on(run, 2)
+        assert [i.id for i in after.interactions] == [i.id for i in before.interactions]
+        assert [i.args for i in after.interactions] == [{"order": "A"}, {"order": "B"}]
+        await run.approve_all(after.interactions, responder="alice")
+        result = await asyncio.wait_for(run.result(), 30)
+
+        assert json.loads(result.output or "") == [
+            {"error": False, "content": "refunded A"},
+            {"error": False, "content": "refunded B"},
+            {"error": False, "content": "order C ships"},
+        ]
+        assert len(ran) == 3 and len(set(ran)) == 3  # each call ran once
+        histories = await chain_histories(client, run.run_id)
+        assert failed_tasks(histories) == []
+        await record_history(client, run.run_id, "continued_as_new_mid_turn", histories[0].run_id)
+        await record_history(client, run.run_id, "completed_after_continuing_mid_turn")
