@@ -39,6 +39,8 @@ __all__ = [
     "ACTIVITY_VERIFY_APPROVAL",
     "CONTROL_CHARACTERS",
     "DEFAULT_TASK_QUEUE",
+    "EVENTS_RETAINED",
+    "EVENTS_TOPIC",
     "INVALID_RUN_INPUT",
     "MAX_ANSWER_BYTES",
     "MAX_BATCH_ANSWER_BYTES",
@@ -73,6 +75,8 @@ __all__ = [
     "InboxItem",
     "Interaction",
     "JsonResolution",
+    "LiveEvent",
+    "LiveItem",
     "MessageRef",
     "ModelCallInput",
     "ModelCallResult",
@@ -105,8 +109,10 @@ __all__ = [
     "RunSummary",
     "RunTranscriptRequest",
     "SessionCarried",
+    "SessionEventType",
     "SessionHandler",
     "SessionInput",
+    "SessionLiveEvent",
     "SessionRun",
     "SessionSnapshot",
     "SessionSummary",
@@ -224,6 +230,11 @@ class EventType(StrEnum):
     SIGNAL_REJECTED = "signal_rejected"
     RUN_COMPLETED = "run_completed"
     RUN_CANCELLED = "run_cancelled"
+    # Live events only (`RunHandle.events`), never kept in the snapshot: an operation
+    # began, or the run continued as new (the stream goes on in the next run).
+    MODEL_STARTED = "model_started"
+    TOOL_STARTED = "tool_started"
+    CONTINUED_AS_NEW = "continued_as_new"
 
 
 # Activity inputs' `fingerprint` starting with this hold a digest of the run's
@@ -1047,6 +1058,9 @@ class RunState(_Model):
     attempt: int | None = None
     # A session's run: the conversation before it (see `ConversationRef`).
     session: ConversationRef | None = None
+    # The offset of the run's next live event (`RunHandle.events`): offsets go on
+    # across continue-as-new.
+    stream_offset: int = 0
     # Runs under the parallel-tools patch: every pending interaction (`interaction`
     # stays None), every parked operation (the singular fields name the first of
     # each kind), and results waiting for earlier calls of their turn.
@@ -1125,6 +1139,8 @@ class SessionCarried(_Model):
     runs: list[SessionRun]
     archive: TranscriptArchive
     closing: bool = False
+    # Where the session's live events go on (`SessionHandle.events`).
+    stream_offset: int = 0
 
 
 class SessionInput(_Model):
@@ -1181,3 +1197,59 @@ class SessionSummary(_Model):
     open: bool
     started_at: datetime | None
     closed_at: datetime | None = None
+
+
+# -- live events (SPEC section 15) ----------------------------------------------------
+
+# The topic of a run's and a session's committed events on their workflow stream.
+EVENTS_TOPIC = "durably.events"
+# How many live events a run or session keeps for followers (older ones are dropped;
+# the snapshot and history keep what matters).
+EVENTS_RETAINED = 1_000
+
+
+class LiveEvent(_Model):
+    """One committed event of a run, as its followers read it (`RunHandle.events`).
+
+    `seq` is the event's number in the run's snapshot events (0 for the live-only
+    kinds: `model_started`, `tool_started`, `continued_as_new`); `status` is the
+    run's status once the event happened. A `waiting` event names what waits
+    (`interaction`, its arguments left out when large: the snapshot has them), a
+    `needs_attention` or `run_failed` its operation, a `retry_wait` the next
+    attempt, a `run_completed` the output.
+    """
+
+    kind: Literal["run"] = "run"
+    run_id: str
+    seq: int = 0
+    at: datetime
+    type: str
+    operation: str | None = None
+    detail: str | None = None
+    status: RunStatus
+    interaction: Interaction | None = None
+    next_attempt_at: datetime | None = None
+    output: str | None = None
+
+
+SessionEventType = Literal["submitted", "run_started", "run_closed", "continued_as_new", "closed"]
+
+
+class SessionLiveEvent(_Model):
+    """One event of a session (`SessionHandle.events`): a submission taken, its run
+    started or closed, the session continued as new or closed."""
+
+    kind: Literal["session"] = "session"
+    session_id: str
+    at: datetime
+    type: SessionEventType
+    run_id: str | None = None
+    status: str | None = None
+
+
+class LiveItem(_Model):
+    """What a follower reads: the event and its offset in its run's (or session's) stream,
+    from which `events(after=offset)` resumes."""
+
+    offset: int
+    event: Annotated[LiveEvent | SessionLiveEvent, Field(discriminator="kind")]

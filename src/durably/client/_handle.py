@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -36,6 +36,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from durably._text import printable
 from durably.approvals import ApprovalKeys
+from durably.client._live import follow
 from durably.contract import (
     ACTIVITY_MODEL,
     MAX_NAME_CHARS,
@@ -50,6 +51,7 @@ from durably.contract import (
     Handler,
     Interaction,
     JsonResolution,
+    LiveItem,
     RerunResolution,
     ResolveToolAccepted,
     ResolveToolRequest,
@@ -643,6 +645,31 @@ class RunHandle:
         if err.status == RPCStatusCode.NOT_FOUND:
             return await self._not_open(name)
         return temporal_error(err, self._client, f"{name} of run {self.run_id!r}")
+
+    async def events(
+        self, *, after: int | None = None, poll_interval: float = 0.2
+    ) -> AsyncIterator[LiveItem]:
+        """The run's committed events as they happen, from offset `after` on (from its
+        first event if None), until the run completes or is cancelled.
+
+        Each `LiveItem` holds its `offset`: pass the last one you handled as
+        `after` to resume, missing and repeating nothing (the run keeps its
+        latest 1,000 events for followers). It follows the run through
+        continue-as-new, and through workers restarting. Reading records
+        nothing in the run's history, however many follow it; it never
+        answers or approves anything. `poll_interval` is how long it waits
+        between reads once it has caught up.
+
+        .. versionadded:: Unreleased
+        """
+        async for item in follow(
+            self._client,
+            self.run_id,
+            after=after,
+            poll_interval=poll_interval,
+            what=f"run {self.run_id!r}",
+        ):
+            yield item
 
     async def cancel(self) -> None:
         """Cancel the run: the running tool's `abort_signal` is set, then the run closes.

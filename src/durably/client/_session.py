@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -13,10 +14,13 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably.client._handle import RunHandle, execute_update, temporal_error
+from durably.client._live import follow
 from durably.contract import (
     CloseRequest,
     IfBusy,
+    LiveItem,
     SessionHandler,
+    SessionLiveEvent,
     SessionSnapshot,
     SubmitAccepted,
     SubmitRequest,
@@ -94,6 +98,33 @@ class SessionHandle:
             return True  # it caught up meanwhile
         run = await self._client.get_workflow_handle(busy.run_id).describe()
         return run.status != WorkflowExecutionStatus.RUNNING
+
+    async def events(
+        self, *, after: int | None = None, poll_interval: float = 0.2
+    ) -> AsyncIterator[LiveItem]:
+        """The session's events as they happen, and after each `run_started` every event
+        of that run (`RunHandle.events`) until it ends; until the session closes.
+
+        Offsets: a session event's is in the session's stream (resume with
+        `after=` it: the runs started after it are followed again from their
+        first event); a run event's is in its run's (resume inside a run with
+        `RunHandle.events(after=...)`). Reading records nothing.
+
+        .. versionadded:: Unreleased
+        """
+        async for item in follow(
+            self._client,
+            self.session_id,
+            after=after,
+            poll_interval=poll_interval,
+            what=f"session {self.session_id!r}",
+        ):
+            yield item
+            event = item.event
+            if isinstance(event, SessionLiveEvent) and event.type == "run_started":
+                run = RunHandle(self._client, event.run_id or "")
+                async for run_item in run.events(poll_interval=poll_interval):
+                    yield run_item
 
     async def snapshot(self) -> SessionSnapshot:
         """The session's runs in order, and how long its conversation is."""

@@ -198,6 +198,7 @@ class RunMachine:
         clock: Callable[[], datetime],
         lean: bool = False,
         parallel: bool = False,
+        on_event: Callable[[RunEvent], None] | None = None,
     ) -> None:
         self.s = state
         self.run_id = run_id
@@ -205,6 +206,8 @@ class RunMachine:
         self.lean = lean
         self.parallel = parallel
         self._clock = clock
+        # Told of each new event (not of a repeat that only counts up): live followers.
+        self._on_event = on_event
         # What an operator decided for the parked operation, until the run applies it
         # (`decisions`, by operation, when several may be parked: the parallel patch).
         self.decision: Decision | None = None
@@ -889,6 +892,8 @@ class RunMachine:
         )
         s.events.append(event)
         del s.events[:-_EVENTS_KEPT]
+        if self._on_event is not None:
+            self._on_event(event)
         kind = _AUDIT_KINDS.get(type)
         if kind is not None:
             s.audit.append(event)

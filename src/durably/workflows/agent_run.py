@@ -74,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         EventType,
         Handler,
         JsonResolution,
+        LiveEvent,
         ModelCallResult,
         OperationKey,
         PinRequest,
@@ -85,6 +86,8 @@ with workflow.unsafe.imports_passed_through():
         RespondRequest,
         RetryAccepted,
         RetryRequest,
+        RunEvent,
+        RunInput,
         RunResult,
         RunSnapshot,
         RunStatus,
@@ -107,6 +110,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from durably.workflows._continuation import carried
     from durably.workflows._handler_input import decode_signal, refusals
+    from durably.workflows._live import LiveEvents, clipped
     from durably.workflows._machine import (
         PIN,
         CallTools,
@@ -119,7 +123,13 @@ with workflow.unsafe.imports_passed_through():
     from durably.workflows._operator_text import refused_details, status_details
     from durably.workflows._run_input import initial_state, one_raw_argument
     from durably.workflows._snapshot import build_snapshot
-    from durably.workflows._validation import Rejected, parse_request, rejection, short
+    from durably.workflows._validation import (
+        Rejected,
+        parse_request,
+        pending_interactions,
+        rejection,
+        short,
+    )
 
 __all__ = [
     "PATCHES",
@@ -167,6 +177,8 @@ class AgentRunWorkflow:
         self._parallel = workflow.patched(PATCH_PARALLEL_TOOLS)
         state, self._input_problem = initial_state(payload, info, hardened=self._hardened)
         self._run_id = info.workflow_id
+        # Followers read these by query; nothing here is recorded (see `_live`).
+        self._live = LiveEvents(state.stream_offset)
         self._m = RunMachine(
             state,
             run_id=self._run_id,
@@ -174,6 +186,7 @@ class AgentRunWorkflow:
             lean=self._seed_fidelity,
             parallel=self._parallel,
             clock=self._clock,
+            on_event=self._live_event,
         )
         # The tool activities of the turn now running (parallel patch), by key: the run
         # never continues as new over one (its result would be lost, a manual call
@@ -225,11 +238,13 @@ class AgentRunWorkflow:
                             await workflow.wait_condition(workflow.all_handlers_finished)
                         result = m.complete(answer.message.content)
                         self._publish()
+                        self._live.detach()
                         return result
         except asyncio.CancelledError:
             m.flush_held()  # committed results stay in the transcript (and a session's)
             m.cancel()
             self._publish()
+            self._live.detach()
             raise
 
     def _refuse_input(self, problem: str) -> NoReturn:
@@ -327,6 +342,7 @@ class AgentRunWorkflow:
             workflow.set_current_details(
                 f"Waiting for the model (turn {step.turn} of {m.pin.max_turns})"
             )
+            self._live_only(EventType.MODEL_STARTED, step.key, f"attempt {request.attempt or 1}")
             try:
                 result = await model_request(
                     m.pin,
@@ -367,7 +383,7 @@ class AgentRunWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             next_input, problem = carried(m, workflow.info().run_id)
             if next_input is not None:
-                workflow.continue_as_new(next_input)
+                self._continue(next_input)
             self._cannot_continue = True  # wait here then, saying why
             m.event(EventType.CONTINUE_AS_NEW_REFUSED, detail=problem)
         at = m.s.next_attempt_at
@@ -387,11 +403,13 @@ class AgentRunWorkflow:
                 f"Running tool {md_code(call.name)} ({md_code(str(key))}, "
                 f"recovery: {m.pin.tools[call.name].recovery})"
             )
+            self._live_only(EventType.TOOL_STARTED, key, call.name)
             return await tool_call(m.pin, m.tool_input(key, call)), False
         if gate is not None:
             await gate.acquire()
         self._running[str(key)] = call.name
         self._publish()
+        self._live_only(EventType.TOOL_STARTED, key, call.name)
         try:
             return await tool_call(m.pin, m.tool_input(key, call)), False
         finally:
@@ -518,7 +536,7 @@ class AgentRunWorkflow:
             self._cannot_continue = True
             await self._park(RunStatus.FAILED, error=problem or "", retryable=False)
             return
-        workflow.continue_as_new(next_input)
+        self._continue(next_input)
 
     async def _wait(
         self, done: Callable[[], bool], *, until: datetime | None = None, summary: str | None = None
@@ -557,7 +575,15 @@ class AgentRunWorkflow:
                 self._cannot_continue = True
                 self._m.event(EventType.CONTINUE_AS_NEW_REFUSED, detail=problem)
                 continue
-            workflow.continue_as_new(next_input)
+            self._continue(next_input)
+
+    def _continue(self, next_input: RunInput) -> NoReturn:
+        """Continue as new; the live stream goes on in the next run from here."""
+        self._live_only(EventType.CONTINUED_AS_NEW, None, None)
+        if next_input.carried is not None:
+            next_input.carried.stream_offset = self._live.next_offset
+        self._live.detach()
+        workflow.continue_as_new(next_input)
 
     async def _restore(self, archive: TranscriptArchive) -> None:
         """Copy the transcript the previous run kept into this run's history, page by page."""
@@ -745,6 +771,52 @@ class AgentRunWorkflow:
         with refusals():
             self._m.check_retry()
             parse_request(RetryRequest, payload, Handler.RETRY)
+
+    # -- live events ----------------------------------------------------------------
+
+    def _live_event(self, event: RunEvent) -> None:
+        """A run event, as its followers read it live (`RunHandle.events`)."""
+        s = self._m.s
+        interaction = None
+        if event.type == EventType.WAITING:
+            pending = (i for i in pending_interactions(s) if i.operation == event.operation)
+            interaction = next(pending, None)
+            if interaction is not None and clipped(interaction.args) is None:
+                interaction = interaction.model_copy(update={"args": {}})
+        self._live.publish(
+            LiveEvent(
+                run_id=self._run_id,
+                seq=event.seq,
+                at=event.at,
+                type=event.type,
+                operation=event.operation,
+                detail=event.detail,
+                status=s.status,
+                interaction=interaction,
+                next_attempt_at=s.next_attempt_at if event.type == EventType.RETRY_WAIT else None,
+                output=event.detail and self._output()
+                if event.type == EventType.RUN_COMPLETED
+                else None,
+            )
+        )
+
+    def _output(self) -> str | None:
+        outcome = self._m.s.outcome or {}
+        output = outcome.get("output")
+        return output if isinstance(output, str) else None
+
+    def _live_only(self, type: EventType, key: OperationKey | None, detail: str | None) -> None:
+        """An event followers see that the snapshot does not keep (an operation began)."""
+        self._live.publish(
+            LiveEvent(
+                run_id=self._run_id,
+                at=workflow.now(),
+                type=type,
+                operation=str(key) if key is not None else None,
+                detail=detail,
+                status=self._m.s.status,
+            )
+        )
 
     # -- state --------------------------------------------------------------------
 

@@ -50,8 +50,10 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         RunStatusNote,
         RunTranscriptRequest,
+        SessionEventType,
         SessionHandler,
         SessionInput,
+        SessionLiveEvent,
         SessionRun,
         SessionSnapshot,
         SubmitAccepted,
@@ -61,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.messages import Message
     from durably.workflows._activities import restore_page, run_transcript
     from durably.workflows._handler_input import refusals
+    from durably.workflows._live import LiveEvents
     from durably.workflows._run_input import decode_arguments, one_raw_argument
     from durably.workflows._session_machine import SessionMachine, read_session_input
     from durably.workflows._validation import Rejected, parse_request
@@ -87,6 +90,8 @@ class AgentSessionWorkflow:
             info.workflow_id, start, problem, new_id=lambda: workflow.uuid4().hex[:8]
         )
         self._continuing = False
+        # Followers read these by query; nothing here is recorded (see `_live`).
+        self._live = LiveEvents(start.carried.stream_offset if start.carried else 0)
 
     @workflow.run
     @one_raw_argument
@@ -106,6 +111,8 @@ class AgentSessionWorkflow:
             run = m.next_run()
             if run is None:
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                self._event("closed")
+                self._live.detach()
                 return m.snapshot()
             await self._run(run)
             if workflow.info().get_current_history_length() >= m.continue_as_new_events:
@@ -116,9 +123,12 @@ class AgentSessionWorkflow:
         its parent-close policy, and the new session run would not own it)."""
         self._continuing = True  # a submit waiting for its run to start returns `queued`
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(
-            self._m.carry(workflow.info().run_id).model_dump(mode="json", exclude_none=True)
-        )
+        self._event("continued_as_new")
+        self._live.detach()
+        carried = self._m.carry(workflow.info().run_id)
+        if carried.carried is not None:
+            carried.carried.stream_offset = self._live.next_offset
+        workflow.continue_as_new(carried.model_dump(mode="json", exclude_none=True))
 
     async def _restore(self) -> None:
         """Copy the conversation the previous run of the session kept, page by page."""
@@ -160,6 +170,7 @@ class AgentSessionWorkflow:
             static_summary=f"{m.agent_id}: {md_text(run.input[:120])}",
         )
         m.started(run)
+        self._event("run_started", run.run_id)
         self._details()
         await workflow.wait_condition(lambda: handle.done() or m.must_end(run))
         if not handle.done():
@@ -180,6 +191,7 @@ class AgentSessionWorkflow:
             status = "cancelled"
         m.ending(run)
         m.closed(run, status, await self._messages_of(run.run_id), version)
+        self._event("run_closed", run.run_id, status)
 
     async def _messages_of(self, run_id: str) -> list[Message]:
         """The closed run's own transcript, page by page."""
@@ -208,6 +220,7 @@ class AgentSessionWorkflow:
     async def submit(self, *payload: Any) -> SubmitAccepted:
         with refusals():
             accepted = self._m.submit(parse_request(SubmitRequest, payload, SessionHandler.SUBMIT))
+        self._event("submitted", accepted.run_id, "queued" if accepted.queued else None)
         if not accepted.queued:  # answer once its run exists, so a handle on it works at once
             await workflow.wait_condition(
                 lambda: self._is_started(accepted.run_id) or self._continuing
@@ -250,6 +263,19 @@ class AgentSessionWorkflow:
     @workflow.query(name=SessionHandler.TRANSCRIPT)
     def transcript(self, offset: int, limit: int | None = None) -> TranscriptPage:
         return transcript_page(self._m.conversation, offset, limit)
+
+    def _event(
+        self, type: SessionEventType, run_id: str | None = None, status: str | None = None
+    ) -> None:
+        self._live.publish(
+            SessionLiveEvent(
+                session_id=self._m.session_id,
+                at=workflow.now(),
+                type=type,
+                run_id=run_id,
+                status=status,
+            )
+        )
 
     def _is_started(self, run_id: str) -> bool:
         return any(r.run_id == run_id and r.status != "queued" for r in self._m.runs)
