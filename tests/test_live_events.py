@@ -16,6 +16,7 @@ from durably import (
     AgentRegistration,
     DurableClient,
     FunctionModel,
+    LiveEvent,
     LiveItem,
     ModelRequest,
     RunHandle,
@@ -92,7 +93,12 @@ async def collect(events: AsyncIterator[LiveItem], limit: int | None = None) -> 
 
 
 def kinds(items: list[LiveItem]) -> list[str]:
-    return [i.event.type for i in items]
+    """The committed events' types (text previews left out)."""
+    return [i.event.type for i in items if i.event.type != "text_delta"]
+
+
+def committed(items: list[LiveItem]) -> list[LiveItem]:
+    return [i for i in items if i.event.type != "text_delta"]
 
 
 async def recorded_followers(client: DurableClient, run: RunHandle) -> list[str]:
@@ -125,11 +131,12 @@ class TestFollowingARun:
             "model_completed",
             "run_completed",
         ]
-        assert [i.offset for i in items] == list(range(len(items)))
+        assert [i.offset for i in committed(items)] == list(range(len(committed(items))))
         done = items[-1].event
         assert done.output == "done: order 0 ships" and done.status == "completed"
         snapshot_seqs = [e.seq for e in (await run.snapshot()).events]
-        assert [i.event.seq for i in items if i.event.seq] == snapshot_seqs  # the same events
+        seqs = [i.event.seq for i in committed(items) if isinstance(i.event, LiveEvent)]
+        assert [q for q in seqs if q] == snapshot_seqs  # the same events
 
     async def test_a_follower_that_resumes_from_its_last_offset_misses_and_repeats_nothing(
         self, client: DurableClient, runtimes: Runtimes
@@ -141,7 +148,7 @@ class TestFollowingARun:
         rest = await asyncio.wait_for(collect(run.events(after=first[-1].offset)), 30)
         whole = await asyncio.wait_for(collect(run.events()), 30)
 
-        assert [i.offset for i in first + rest] == [i.offset for i in whole]
+        assert [i.offset for i in committed(first + rest)] == [i.offset for i in committed(whole)]
         assert kinds(first + rest) == kinds(whole)
         assert kinds(whole)[-1] == "run_completed"
 
@@ -167,7 +174,7 @@ class TestFollowingARun:
         items = await asyncio.wait_for(collect(run.events()), 60)
 
         assert "continued_as_new" in kinds(items)
-        assert [i.offset for i in items] == list(range(len(items)))
+        assert [i.offset for i in committed(items)] == list(range(len(committed(items))))
         assert kinds(items).count("tool_completed") == 6
         assert kinds(items)[-1] == "run_completed"
 
@@ -228,3 +235,41 @@ class TestNoWayIn:
             "signal_rejected",
         ]
         await run.cancel()
+
+
+class TestTextAsItIsWritten:
+    async def test_the_answer_streams_to_a_follower_before_the_request_completes(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """The model writes "Hel", then waits until a follower has shown it: the piece
+        reached the follower live (heartbeat details, no history), and the pieces end as
+        the committed answer reads, before `model_completed`."""
+        shown = asyncio.Event()
+
+        async def model(request: ModelRequest) -> AsyncIterator[str]:
+            yield "Hel"
+            await asyncio.wait_for(shown.wait(), 20)
+            yield "lo, "
+            yield "world"
+
+        agent = Agent(
+            id="writer",
+            model=FunctionModel(model, name="live-tests.writer"),
+            instructions="",
+        )
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("writer", "say hello")
+        items: list[LiveItem] = []
+        async for item in run.events(poll_interval=0.05):
+            items.append(item)
+            if item.event.type == "text_delta":
+                shown.set()
+
+        texts = [i for i in items if i.event.type == "text_delta"]
+        assert texts[0].event.text == "Hel"  # type: ignore[union-attr]
+        assert "".join(t.event.text for t in texts) == "Hello, world"  # type: ignore[union-attr]
+        completed = kinds(items).index("model_completed")
+        assert items.index(texts[-1]) < [i.event.type for i in items].index("model_completed")
+        assert completed >= 0
+        assert (await run.result()).output == "Hello, world"
+        assert await recorded_followers(client, run) == []

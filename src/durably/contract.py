@@ -77,6 +77,7 @@ __all__ = [
     "JsonResolution",
     "LiveEvent",
     "LiveItem",
+    "LiveText",
     "MessageRef",
     "ModelCallInput",
     "ModelCallResult",
@@ -118,6 +119,7 @@ __all__ = [
     "SessionSummary",
     "SubmitAccepted",
     "SubmitRequest",
+    "TextPreview",
     "ToolCallInput",
     "ToolInterrupted",
     "ToolPolicy",
@@ -1230,6 +1232,9 @@ class LiveEvent(_Model):
     interaction: Interaction | None = None
     next_attempt_at: datetime | None = None
     output: str | None = None
+    # `model_completed`: the answer's text (its first 64 KiB), which followers finish
+    # their preview with.
+    text: str | None = None
 
 
 SessionEventType = Literal["submitted", "run_started", "run_closed", "continued_as_new", "closed"]
@@ -1247,9 +1252,34 @@ class SessionLiveEvent(_Model):
     status: str | None = None
 
 
+class TextPreview(_Model):
+    """What a model activity shows of the answer it is receiving (its heartbeat details):
+    the answer's `length` so far in characters and its last characters (`tail`)."""
+
+    operation: str
+    attempt: int
+    length: int
+    tail: str
+
+
+class LiveText(_Model):
+    """A piece of the model's answer as it is written (a preview, not a committed event):
+    `text` follows what this follower was shown before for the same `operation` and
+    `attempt`; a new attempt starts over. `gap` is set when pieces were skipped."""
+
+    kind: Literal["text"] = "text"
+    type: Literal["text_delta"] = "text_delta"
+    run_id: str
+    operation: str
+    attempt: int
+    text: str
+    gap: bool = False
+
+
 class LiveItem(_Model):
     """What a follower reads: the event and its offset in its run's (or session's) stream,
-    from which `events(after=offset)` resumes."""
+    from which `events(after=offset)` resumes (a `LiveText` has the offset of the event
+    before it)."""
 
     offset: int
-    event: Annotated[LiveEvent | SessionLiveEvent, Field(discriminator="kind")]
+    event: Annotated[LiveEvent | SessionLiveEvent | LiveText, Field(discriminator="kind")]

@@ -50,8 +50,11 @@ _log = structlog.get_logger("durably.worker")
 # queries) this long; keep it well under the tools' heartbeat timeout.
 STICKY_TIMEOUT = timedelta(seconds=3)
 # Heartbeats reach the server at least this often, so a cancellation
-# reaches a running tool within about this long.
-HEARTBEAT_THROTTLE = timedelta(seconds=1)
+# reaches a running tool within about this long, and a model answer's text
+# reaches live followers (it travels in the model activity's heartbeat
+# details) within about this long. An activity that heartbeats in a tight
+# loop sends at most this many heartbeats a second: 4.
+HEARTBEAT_THROTTLE = timedelta(milliseconds=250)
 
 
 class DurableRuntime:

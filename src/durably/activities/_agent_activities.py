@@ -33,7 +33,7 @@ from durably._transcript import (
     restored_transcript,
     transcript_page,
 )
-from durably.activities._heartbeat import heartbeating
+from durably.activities._heartbeat import TextPreviews, heartbeating
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
 from durably.contract import (
@@ -67,6 +67,7 @@ from durably.messages import (
     UserMessage,
 )
 from durably.models import classify_model_error
+from durably.models._live_text import text_sink
 from durably.registry import AgentRegistry
 from durably.tools import ToolContext, ToolError, render_result
 
@@ -226,9 +227,11 @@ class AgentActivities:
         registration = self._registration(call.agent_id, call.version, call.fingerprint)
         agent = registration.agent
         run_id = _run_id()
+        previews = TextPreviews(call.key, call.attempt or activity.info().attempt)
         # Heartbeat from the start: rebuilding the transcript may query the
         # workflow, which waits out a dead worker's sticky queue first.
-        async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
+        interval = _heartbeat_interval(activity.info().heartbeat_timeout)
+        async with heartbeating(interval, previews.details):
             messages = await model_transcript(self.cache, run_id, call)
             before: tuple[list[Message], str] = ([], EMPTY_DIGEST)
             if call.prefix is not None:  # a session's run reads the conversation first
@@ -241,7 +244,8 @@ class AgentActivities:
                 tools=agent.tool_specs,
             )
             try:
-                response = await agent.model.request(request)
+                with text_sink(previews.add):
+                    response = await agent.model.request(request)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

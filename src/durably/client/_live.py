@@ -28,11 +28,14 @@ from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably.contract import (
+    ACTIVITY_MODEL,
     EVENTS_TOPIC,
     EventType,
     LiveEvent,
     LiveItem,
+    LiveText,
     SessionLiveEvent,
+    TextPreview,
 )
 from durably.errors import DurablyError, RunNotFoundError
 
@@ -60,41 +63,154 @@ async def follow(
     what: str,
 ) -> AsyncIterator[LiveItem]:
     """Every live event of `workflow_id` after offset `after` (from the first if None),
-    in order, until the workflow ends; `what` names it in errors ("run 'x'")."""
-    offset = 0 if after is None else after + 1
-    pinned = await _current_run(client, workflow_id, what)
-    continued = False
+    in order, until the workflow ends; `what` names it in errors ("run 'x'"). While a
+    model request runs, the pieces of its answer come as `LiveText` items."""
+    f = _Follower(client, workflow_id, what, 0 if after is None else after + 1)
+    f.pinned = await _current_run(client, workflow_id, what)
     backoff = poll_interval
     while True:
-        handle = client.get_workflow_handle(workflow_id, run_id=pinned)
+        handle = client.get_workflow_handle(workflow_id, run_id=f.pinned)
         try:
-            result = await _poll(handle, offset, what)
+            result = await _poll(handle, f.offset, what)
         except _Unavailable:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
             continue
         backoff = poll_interval
-        ended = False
-        for wire in result.items:
-            item = LiveItem(offset=wire.offset, event=_decode(client, wire.data))
-            offset = wire.offset + 1
+        for item in f.take(result):
             yield item
-            kind = item.event.type
-            continued = continued or kind in ("continued_as_new", EventType.CONTINUED_AS_NEW)
-            ended = ended or (isinstance(item.event, LiveEvent) and kind in _RUN_ENDS)
         if result.more_ready:
             continue
-        if ended:
+        if f.ended:
             return
-        status = await _status(handle, what)
-        if continued or status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
-            latest = await _current_run(client, workflow_id, what)
-            if latest != pinned:
-                pinned, continued = latest, False
-                continue
-        elif status in _CLOSED:
-            return  # drained: a closed run says nothing more
+        if f.preview is not None:
+            piece = f.preview.next(await _text_preview(client, handle))
+            if piece is not None:
+                yield LiveItem(offset=f.offset - 1, event=piece)
+        if f.closed:
+            return  # read once more after it closed: a closed run says nothing more
+        if await f.moved_on(handle) or f.closed:
+            continue  # read what the run said before it moved on or closed
         await asyncio.sleep(poll_interval)
+
+
+class _Follower:
+    """Where one follower is: its offset, the run it reads, the answer it previews."""
+
+    def __init__(self, client: Client, workflow_id: str, what: str, offset: int) -> None:
+        self.client = client
+        self.workflow_id = workflow_id
+        self.what = what
+        self.offset = offset
+        self.pinned = ""
+        self.continued = False
+        self.ended = False
+        self.closed = False
+        self.preview: _Preview | None = None
+
+    def take(self, result: PollResult) -> list[LiveItem]:
+        """The items of one poll, each answer's remaining text before its event."""
+        items: list[LiveItem] = []
+        for wire in result.items:
+            event = _decode(self.client, wire.data)
+            if self.preview is not None and isinstance(event, LiveEvent):
+                rest = self.preview.finish(event)
+                if rest is not None:
+                    items.append(LiveItem(offset=self.offset - 1, event=rest))
+                if self.preview.done:
+                    self.preview = None
+            if isinstance(event, LiveEvent) and event.type == EventType.MODEL_STARTED:
+                self.preview = _Preview(event)
+            self.offset = wire.offset + 1
+            items.append(LiveItem(offset=wire.offset, event=event))
+            self.continued = self.continued or event.type == "continued_as_new"
+            self.ended = self.ended or (isinstance(event, LiveEvent) and event.type in _RUN_ENDS)
+        return items
+
+    async def moved_on(self, handle: WorkflowHandle[Any, Any]) -> bool:
+        """Whether the run it read continued as new and the next one is now pinned."""
+        status = await _status(handle, self.what)
+        self.closed = status in _CLOSED
+        if self.continued or status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+            self.closed = False
+            latest = await _current_run(self.client, self.workflow_id, self.what)
+            if latest != self.pinned:
+                self.pinned, self.continued = latest, False
+                return True
+        return False
+
+
+class _Preview:
+    """What one follower was shown of the model answer in flight."""
+
+    def __init__(self, started: LiveEvent) -> None:
+        self.run_id = started.run_id
+        self.operation = started.operation or ""
+        self.attempt = 0
+        self.shown = 0  # characters of this attempt's answer shown
+        self.text = ""  # the part of the answer shown so far (for the final check)
+        self.done = False
+
+    def next(self, current: TextPreview | None) -> LiveText | None:
+        """The piece after what was shown, from the activity's latest heartbeat."""
+        if current is None or current.operation != self.operation:
+            return None
+        if current.attempt != self.attempt:  # a new attempt writes its answer anew
+            self.attempt, self.shown, self.text = current.attempt, 0, ""
+        start = current.length - len(current.tail)
+        if current.length <= self.shown:
+            return None
+        gap = self.shown < start
+        piece = current.tail[max(self.shown - start, 0) :]
+        self.shown = current.length
+        self.text = "" if gap else self.text + piece
+        return LiveText(
+            run_id=self.run_id,
+            operation=self.operation,
+            attempt=self.attempt,
+            text=piece,
+            gap=gap,
+        )
+
+    def finish(self, event: LiveEvent) -> LiveText | None:
+        """At the request's end: the rest of the committed answer, so the text a follower
+        was shown always ends as the committed answer reads."""
+        if event.operation != self.operation:
+            return None
+        self.done = True
+        if event.type != EventType.MODEL_COMPLETED or not event.text:
+            return None
+        if self.text and not event.text.startswith(self.text):
+            return None  # the preview was of another attempt; the committed text rules
+        rest = event.text[len(self.text) :]
+        if not rest:
+            return None
+        return LiveText(
+            run_id=self.run_id,
+            operation=self.operation,
+            attempt=self.attempt,
+            text=rest,
+            gap=bool(self.shown) and not self.text,
+        )
+
+
+async def _text_preview(client: Client, handle: WorkflowHandle[Any, Any]) -> TextPreview | None:
+    """The model answer the run's model activity is receiving, from its heartbeat."""
+    try:
+        description = await handle.describe()
+    except RPCError:
+        return None
+    for pending in description.raw_description.pending_activities:
+        if pending.activity_type.name != ACTIVITY_MODEL or not pending.heartbeat_details.payloads:
+            continue
+        try:
+            [preview] = await client.data_converter.decode(
+                pending.heartbeat_details.payloads, [TextPreview]
+            )
+        except Exception:  # a heartbeat from another release: no preview, not an error
+            return None
+        return preview if isinstance(preview, TextPreview) else None
+    return None
 
 
 class _Unavailable(Exception):

@@ -37,6 +37,7 @@ from durably.models._function import (
     since_last_user_message,
     tool_call,
 )
+from durably.models._live_text import emit_text
 
 if TYPE_CHECKING:
     from durably.models._anthropic import AnthropicModel
@@ -53,6 +54,7 @@ __all__ = [
     "ScriptedModel",
     "Step",
     "classify_model_error",
+    "emit_text",
     "final",
     "last_tool_results",
     "since_last_user_message",

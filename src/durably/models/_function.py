@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from durably.messages import (
@@ -22,6 +22,7 @@ from durably.messages import (
     UserMessage,
 )
 from durably.models._base import RETRYABLE, ErrorClassifier, ModelErrorVerdict
+from durably.models._live_text import emit_text
 
 __all__ = [
     "FunctionModel",
@@ -34,7 +35,9 @@ __all__ = [
 ]
 
 ModelFunction = Callable[
-    [ModelRequest], "ModelResponse | AssistantMessage | Awaitable[ModelResponse | AssistantMessage]"
+    [ModelRequest],
+    "ModelResponse | AssistantMessage | Awaitable[ModelResponse | AssistantMessage]"
+    " | AsyncIterator[str | AssistantMessage | ModelResponse]",
 ]
 
 
@@ -44,6 +47,8 @@ def _qualname(fn: Callable[..., Any]) -> str:
 
 async def _call(fn: ModelFunction, request: ModelRequest) -> ModelResponse:
     answer = fn(request)
+    if inspect.isasyncgen(answer):
+        answer = await _streamed(fn, answer)
     if inspect.isawaitable(answer):
         answer = await answer
     if isinstance(answer, AssistantMessage):
@@ -56,8 +61,35 @@ async def _call(fn: ModelFunction, request: ModelRequest) -> ModelResponse:
     )
 
 
+async def _streamed(fn: ModelFunction, chunks: AsyncIterator[Any]) -> Any:
+    """A generator model function: each `str` it yields is a piece of the answer as it
+    is written (shown to live followers); the `AssistantMessage` or `ModelResponse` it
+    yields last is the answer, else the pieces joined are the final answer."""
+    pieces: list[str] = []
+    async for chunk in chunks:
+        if isinstance(chunk, str):
+            pieces.append(chunk)
+            emit_text(chunk)
+        elif isinstance(chunk, AssistantMessage | ModelResponse):
+            return chunk
+        else:
+            raise TypeError(
+                f"model function {_qualname(fn)} yielded {type(chunk).__name__}; yield text "
+                "pieces (str), then optionally the AssistantMessage or ModelResponse"
+            )
+    return AssistantMessage(content="".join(pieces))
+
+
 class FunctionModel:
-    """A model whose answer is computed by a function of the request."""
+    """A model whose answer is computed by a function of the request.
+
+    The function may be an async generator: each `str` it yields is shown to
+    the run's live followers as it is written (`RunHandle.events`), and the
+    answer is the `AssistantMessage` it yields last, or the pieces joined.
+
+    .. versionchanged:: Unreleased
+       Async generator functions stream their answer.
+    """
 
     def __init__(
         self,

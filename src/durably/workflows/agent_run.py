@@ -97,7 +97,7 @@ with workflow.unsafe.imports_passed_through():
         TranscriptArchive,
         TranscriptPage,
     )
-    from durably.messages import ToolCall, ToolResultMessage
+    from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
     from durably.workflows._activities import (
         describe,
         failure_details,
@@ -159,6 +159,8 @@ PATCH_PARALLEL_TOOLS = "durably-parallel-tools"
 PATCHES: tuple[str, ...] = (PATCH_HARDENED, PATCH_SEED_FIDELITY, PATCH_PARALLEL_TOOLS)
 
 T = TypeVar("T")
+# How much of a committed answer a live `model_completed` event carries.
+_LIVE_TEXT_KEPT = 64 * 2**10
 # What a failed operation may raise: an activity's error, or a local activity's own.
 _OPERATION_ERRORS = (ActivityError, ApplicationError, ActivityTimeoutError, TemporalCancelledError)
 
@@ -794,11 +796,17 @@ class AgentRunWorkflow:
                 status=s.status,
                 interaction=interaction,
                 next_attempt_at=s.next_attempt_at if event.type == EventType.RETRY_WAIT else None,
-                output=event.detail and self._output()
-                if event.type == EventType.RUN_COMPLETED
-                else None,
+                output=self._output() if event.type == EventType.RUN_COMPLETED else None,
+                text=self._answer_text() if event.type == EventType.MODEL_COMPLETED else None,
             )
         )
+
+    def _answer_text(self) -> str | None:
+        """The model's answer just committed (what a follower's preview ends with)."""
+        transcript = self._m.s.transcript
+        last = transcript[-1] if transcript else None
+        content = last.content if isinstance(last, AssistantMessage) else None
+        return content[:_LIVE_TEXT_KEPT] if content else None
 
     def _output(self) -> str | None:
         outcome = self._m.s.outcome or {}
