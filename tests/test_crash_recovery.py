@@ -27,6 +27,7 @@ from durably import (
     Agent,
     AgentRegistration,
     DurableClient,
+    LiveItem,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -285,6 +286,35 @@ class TestParallelCallsCrash:
         idempotent = crashes.journal(kind="tool", tool="idempotent_effect")
         assert [(e["op"], e["attempt"]) for e in idempotent] == [(op_i1, 1), (op_i1, 2)]
         assert crashes.dedup.effects == {op_i1: "T-1"}
+
+
+class TestFollowingThroughACrash:
+    async def test_a_follower_sees_every_event_once_across_a_worker_sigkill(
+        self, crashes: Crashes, client: DurableClient
+    ) -> None:
+        """A follower reading live while the worker dies mid-tool: the queries fail until
+        another worker takes over, then it goes on from its offset, missing nothing."""
+        first = crashes.worker()
+        run = await client.start_run("idempotent", "file a ticket")
+        items: list[LiveItem] = []
+
+        async def follow() -> None:
+            async for item in run.events(poll_interval=0.05):
+                items.append(item)
+
+        follower = asyncio.create_task(follow())
+        await crashes.until_journal(kind="tool", tool="idempotent_effect")
+        first.kill()
+        crashes.worker()
+        await asyncio.wait_for(follower, 60)
+
+        committed = [i for i in items if i.event.type != "text_delta"]
+        assert [i.offset for i in committed] == list(range(len(committed)))
+        kinds = [i.event.type for i in committed]
+        assert kinds[0] == "agent_pinned" and kinds[-1] == "run_completed"
+        assert kinds.count("tool_started") == 1  # a retry is the same operation, not an event
+        assert kinds.count("tool_completed") == 1
+        assert (await run.result()).output == '{"ticket_id":"T-1"}'
 
 
 class TestCommittedResults:
