@@ -40,17 +40,12 @@ naming the key id, never a stack trace.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
-import ipaddress
 import logging
-import socket
 import urllib.parse
-from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from types import TracebackType
 
-import uvicorn
 from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -61,6 +56,7 @@ from starlette.routing import Route
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.converter import PayloadCodec
 
+from durably._http import AsgiServer, is_loopback, names_loopback
 from durably.codec import ENV_KEYS, ENV_KEYS_FILE, EncryptionKeyError
 from durably.errors import DurablyError
 
@@ -161,16 +157,6 @@ def codec_app(
     return Starlette(routes=routes, middleware=[cors])
 
 
-def is_loopback(host: str) -> bool:
-    """Whether listening on `host` reaches this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: whatever it resolves to, it may be reachable
-
-
 class CodecServer:
     """`codec_app` served by uvicorn in this event loop, as an async context manager.
 
@@ -215,42 +201,24 @@ class CodecServer:
         self.app = codec_app(
             codec, token=token, cors_origins=cors_origins, max_body_bytes=max_body_bytes
         )
-        self.host = host
-        self.port = port
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._server = AsgiServer(self.app, host=host, port=port, what="the codec server")
+
+    @property
+    def host(self) -> str:
+        return self._server.host
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one picked, once entered, if 0 was given)."""
+        return self._server.port
 
     @property
     def endpoint(self) -> str:
         """The URL to give the Web UI and `temporal --codec-endpoint` on this machine."""
-        here = ("127.0.0.1", "::1", "localhost", "0.0.0.0", "::", "[::]", "")
-        host = "localhost" if self.host in here else self.host
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}"
+        return self._server.url
 
     async def __aenter__(self) -> CodecServer:
-        if self._server is not None:
-            raise DurablyError("this codec server is already started")
-        sock = self._bind()
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app,
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            server_header=False,
-            proxy_headers=False,
-            timeout_graceful_shutdown=5,
-        )
-        server = self._server = _QuietServer(config)
-        self._task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if self._task.done():
-                self._server = None
-                await self._task  # raises what stopped it
-                raise DurablyError("the codec server stopped while starting")
-            await asyncio.sleep(0.01)  # uvicorn announces startup with this flag only
+        await self._server.__aenter__()
         return self
 
     async def __aexit__(
@@ -259,35 +227,7 @@ class CodecServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        server, task, self._server, self._task = self._server, self._task, None, None
-        if server is None or task is None:
-            return
-        server.should_exit = True
-        await task
-
-    def _bind(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host.strip("[]"), self.port))
-            sock.listen(128)
-        except OSError as err:
-            sock.close()
-            raise DurablyError(
-                f"the codec server cannot listen on {self.host}:{self.port} ({err.strerror}); "
-                "stop what uses that port or choose another one"
-            ) from None
-        sock.setblocking(False)
-        return sock
-
-
-class _QuietServer(uvicorn.Server):
-    """A uvicorn server that leaves SIGINT/SIGTERM to the process that runs it."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+        await self._server.__aexit__(exc_type, exc, tb)
 
 
 def _refusal(request: Request, expected: bytes | None) -> Response | None:
@@ -296,7 +236,7 @@ def _refusal(request: Request, expected: bytes | None) -> Response | None:
     `expected` is the whole `Authorization` value required, or None for no token.
     """
     if expected is None:
-        if _names_loopback(request.headers.get("host", "")):
+        if names_loopback(request.headers.get("host", "")):
             return None
         return _error(
             403,
@@ -329,13 +269,6 @@ async def _read_body(request: Request, limit: int) -> bytes | Response:
     except ClientDisconnect:
         return _error(400, "the client disconnected before sending the whole body")
     return b"".join(chunks)
-
-
-def _names_loopback(host_header: str) -> bool:
-    """Whether a request's `Host` names this machine: a page whose own name was made to
-    resolve to 127.0.0.1 (DNS rebinding) must not read what a tokenless server decodes."""
-    host = urllib.parse.urlsplit(f"//{host_header}").hostname or ""
-    return is_loopback(host)
 
 
 def _is_origin(origin: str) -> bool:
