@@ -11,6 +11,7 @@
     durably runs show RUN [--json]       read one run's snapshot
     durably inbox                        what waits for a person, across all runs
     durably follow RUN|SESSION           its events live, the model's text as it is written
+    durably serve                        live events over HTTP (SSE) for browsers and apps
     durably approve RUN --as NAME        approve the pending tool call (deny: --reason)
     durably approve RUN --all --as NAME  approve every pending tool call at once (or deny)
     durably approval-key                 a new key for signed approvals
@@ -53,7 +54,17 @@ import sys
 
 import typer
 
-from durably.cli import _codec, _follow, _operate, _read, _serve, _sessions, _setup, _versions
+from durably.cli import (
+    _codec,
+    _follow,
+    _operate,
+    _read,
+    _serve,
+    _sessions,
+    _setup,
+    _versions,
+    _web,
+)
 from durably.cli._connection import connection_options
 
 __all__ = ["app", "main"]
@@ -88,6 +99,7 @@ app.command("encryption-key")(_codec.encryption_key)
 app.command("codec-server")(_codec.codec_server)
 app.command()(_read.inbox)
 app.command()(_follow.follow)
+app.command()(_web.serve)
 app.command()(_versions.versions)
 runs_app.command("list")(_read.runs_list)
 runs_app.command("show")(_read.runs_show)

@@ -1,0 +1,259 @@
+"""`durably serve` / `durably.web` (SPEC section 15): Server-Sent Events of runs, resumed
+with Last-Event-ID, one follower per run however many watch, tokens off loopback, and a
+page that shows a run's text as it is written in headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    DurableClient,
+    DurablyError,
+    FunctionModel,
+    ModelRequest,
+    RunStatus,
+    ToolContext,
+    tool,
+)
+from durably.messages import AssistantMessage, ToolCall
+from durably.models import last_tool_results
+from durably.web import LiveServer
+
+from .browser import NEEDS_CHROMIUM, chromium
+from .conftest import Runtimes, wait_for_status
+
+ARTIFACTS = Path(__file__).parent / "artifacts" / "web"
+
+
+@dataclass
+class Message:
+    event: str
+    data: dict[str, Any]
+    id: str | None = None
+
+
+@dataclass
+class Stream:
+    """One HTTP response, read as Server-Sent Events."""
+
+    status: int
+    body: bytes = b""
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    _buffer: str = field(default="")
+
+    async def messages(self) -> AsyncIterator[Message]:
+        assert self.reader is not None
+        while True:
+            while "\n\n" not in self._buffer:
+                size = int((await self.reader.readline()).strip() or b"0", 16)
+                if size == 0:
+                    return
+                self._buffer += (await self.reader.readexactly(size)).decode()
+                await self.reader.readline()
+            block, self._buffer = self._buffer.split("\n\n", 1)
+            fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+            if "data" in fields:
+                yield Message(fields.get("event", ""), json.loads(fields["data"]), fields.get("id"))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def get(
+    port: int, path: str, headers: dict[str, str] | None = None, host: str = "localhost"
+) -> Stream:
+    """A GET to the live server on 127.0.0.1:`port`, `Host: host`."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{extra}\r\n".encode())
+    status = int((await reader.readline()).split()[1])
+    response_headers: dict[str, str] = {}
+    while (line := (await reader.readline()).decode().strip()) != "":
+        name, _, value = line.partition(":")
+        response_headers[name.lower()] = value.strip()
+    if status != 200:
+        body = await reader.readexactly(int(response_headers.get("content-length", "0")))
+        writer.close()
+        return Stream(status, body)
+    return Stream(status, reader=reader, writer=writer)
+
+
+async def post(port: int, path: str, body: Any, token: str) -> tuple[int, Any]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = json.dumps(body).encode()
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: localhost:{port}\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+        "Connection: close\r\n\r\n".encode()
+        + data
+    )
+    raw = await reader.read()
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload)
+
+
+async def read_all(stream: Stream, until: str = "run_completed") -> list[Message]:
+    seen: list[Message] = []
+    async for message in stream.messages():
+        seen.append(message)
+        if message.event == until:
+            break
+    stream.close()
+    return seen
+
+
+class Order(BaseModel):
+    order: str
+
+
+@tool(requires_approval=True)
+async def refund(args: Order, ctx: ToolContext) -> str:
+    """Refund an order."""
+    return "refunded"
+
+
+def writer(gate: asyncio.Event | None = None) -> AgentRegistration:
+    """Writes its answer in pieces; with `gate`, waits for it after the first piece."""
+
+    async def model(request: ModelRequest) -> AsyncIterator[str]:
+        yield "Your order "
+        if gate is not None:
+            await asyncio.wait_for(gate.wait(), 20)
+        yield "ships "
+        yield "tomorrow."
+
+    agent = Agent(id="writer", model=FunctionModel(model, name="web.writer"), instructions="")
+    return AgentRegistration(agent, version="1")
+
+
+TOKENS = {"alice": "a" * 32, "bob": "b" * 32}
+
+
+class TestServerSentEvents:
+    async def test_a_run_streams_its_events_and_text_and_resumes_by_last_event_id(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        await runtimes.start([writer()])
+        async with LiveServer(client, port=0) as server:
+            run = await client.start_run("writer", "where is my order")
+            whole = await asyncio.wait_for(
+                read_all(await get(server.port, f"/runs/{run.run_id}/events")), 30
+            )
+
+            ids = [int(m.id) for m in whole if m.id is not None]
+            assert ids == list(range(len(ids)))
+            text = "".join(m.data["text"] for m in whole if m.event == "text_delta")
+            assert text == "Your order ships tomorrow."
+            assert whole[-1].event == "run_completed"
+
+            resumed = await get(
+                server.port, f"/runs/{run.run_id}/events", {"Last-Event-ID": str(ids[2])}
+            )
+            rest = await asyncio.wait_for(read_all(resumed), 30)
+            assert [int(m.id) for m in rest if m.id is not None] == ids[3:]
+
+    async def test_ten_browsers_of_one_run_share_one_follower(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        gate = asyncio.Event()
+        await runtimes.start([writer(gate)])
+        async with LiveServer(client, port=0) as server:
+            run = await client.start_run("writer", "where is my order")
+            streams = [await get(server.port, f"/runs/{run.run_id}/events") for _ in range(10)]
+            readers = [asyncio.create_task(read_all(s)) for s in streams]
+            await asyncio.sleep(0)
+            gate.set()
+            seen = await asyncio.wait_for(asyncio.gather(*readers), 30)
+
+            assert all([m.id for m in s] == [m.id for m in seen[0]] for s in seen)
+            assert server.app.state.hub.started == 1
+
+    async def test_tokens_off_loopback_and_responses_recorded_as_the_tokens_name(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        with pytest.raises(DurablyError, match="without tokens"):
+            LiveServer(client, host="0.0.0.0", port=0)
+
+        def model(request: ModelRequest) -> AssistantMessage:
+            if last_tool_results(request):
+                return AssistantMessage(content="done")
+            call = ToolCall(id="r", name="refund", arguments={"order": "A"})
+            return AssistantMessage(tool_calls=(call,))
+
+        agent = Agent(
+            id="refunder", model=FunctionModel(model, name="web.refunder"), instructions="",
+            tools=[refund],
+        )  # fmt: skip
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("refunder", "refund A")
+        snap = await wait_for_status(run, RunStatus.WAITING)
+        assert snap.interaction is not None
+        async with LiveServer(client, host="0.0.0.0", port=0, tokens=TOKENS) as server:
+            port = server.port
+            refused = await get(port, f"/runs/{run.run_id}/events", host="example.com")
+            assert refused.status == 401
+            wrong = await get(port, f"/runs/{run.run_id}/events?token={'x' * 32}")
+            assert wrong.status == 401
+            allowed = await get(port, f"/runs/{run.run_id}/events?token={TOKENS['bob']}")
+            assert allowed.status == 200
+            allowed.close()
+
+            status, accepted = await post(
+                port,
+                f"/runs/{run.run_id}/respond",
+                {
+                    "interaction_id": snap.interaction.id,
+                    "response": {"type": "tool-approval", "approved": True},
+                },
+                TOKENS["bob"],
+            )
+            assert status == 200 and accepted["responder"] == "bob"
+        await run.result()
+        approved = [e for e in (await run.snapshot()).events if e.type == "approved"]
+        assert "by bob" in (approved[0].detail or "")
+
+    async def test_without_tokens_only_requests_to_localhost_are_served(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        await runtimes.start([writer()])
+        run = await client.start_run("writer", "hello")
+        await run.result()
+        async with LiveServer(client, port=0) as server:
+            rebound = await get(server.port, f"/runs/{run.run_id}/events", host="evil.example")
+            assert rebound.status == 403
+            missing = await get(server.port, "/runs/no-such-run/events")
+            assert missing.status == 404
+
+
+@NEEDS_CHROMIUM
+class TestInABrowser:
+    async def test_the_watch_page_shows_the_text_as_it_is_written(
+        self, client: DurableClient, runtimes: Runtimes, tmp_path: Path
+    ) -> None:
+        """EventSource in headless Chromium: the first piece shows while the model still
+        waits to write the rest."""
+        gate = asyncio.Event()
+        await runtimes.start([writer(gate)])
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        async with LiveServer(client, port=0) as server:
+            run = await client.start_run("writer", "where is my order")
+            async with chromium(tmp_path / "profile", ARTIFACTS / "chromium.log") as browser:
+                page = await browser.open(f"{server.url}/runs/{run.run_id}/watch")
+                await page.wait_for_text("Your order")
+                assert "tomorrow" not in await page.text()
+                gate.set()
+                await page.wait_for_text("Your order ships tomorrow.", "run_completed")
+                await page.screenshot(ARTIFACTS / "watch.png")
