@@ -39,6 +39,7 @@ from durably.errors import (
     RegistrationError,
     VersionDriftError,
 )
+from durably.observers import Checkpoints, Observer, ObserverHost
 from durably.plugin import DurablyPlugin
 from durably.registry import AgentRegistry
 
@@ -69,6 +70,10 @@ class DurableRuntime:
         # The version check of a non-strict start, running beside polling.
         self._version_check: asyncio.Task[None] | None = None
         self.strict_versions = False
+        # Observers fed in this process (`open(observers=...)`), from `resume()` on.
+        self.observers: ObserverHost | None = None
+        self._observing: asyncio.Task[None] | None = None
+        self._stop_observing = asyncio.Event()
 
     @classmethod
     async def open(
@@ -85,6 +90,8 @@ class DurableRuntime:
         approval_keys: ApprovalKeys | None = None,
         strict_versions: bool = False,
         encryption: EncryptionCodec | None = None,
+        observers: Sequence[Observer] = (),
+        observer_checkpoints: Checkpoints | None = None,
         **worker_options: Any,
     ) -> DurableRuntime:
         """Connect (or use `client`) and register `agents`; executes nothing yet.
@@ -100,7 +107,9 @@ class DurableRuntime:
         not host, or hosts with another fingerprint (see
         `DurableClient.needed_versions`); `strict_versions=True` refuses to
         start instead. `encryption` (`durably.codec`) encrypts payloads; a
-        given client keeps its own converter otherwise. Other keywords go
+        given client keeps its own converter otherwise. `observers` are fed
+        every run's committed events from `resume()` on, checkpointed in
+        `observer_checkpoints` (see `durably.observers`). Other keywords go
         to Temporal's `Worker`.
 
         .. versionchanged:: Unreleased
@@ -146,6 +155,8 @@ class DurableRuntime:
         )
         runtime = cls(durable, plugin, worker)
         runtime.strict_versions = strict_versions
+        if observers:
+            runtime.observers = ObserverHost(durable, observers, checkpoints=observer_checkpoints)
         return runtime
 
     def register_agents(self, registrations: Iterable[AgentRegistration]) -> None:
@@ -211,6 +222,10 @@ class DurableRuntime:
                 self._version_check = asyncio.create_task(
                     self._check_versions_beside(), name="durably-version-check"
                 )
+            if self.observers is not None:
+                self._observing = asyncio.create_task(
+                    self.observers.run(self._stop_observing), name="durably-observers"
+                )
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set, then drain; a worker that fails ends it at once.
@@ -239,6 +254,10 @@ class DurableRuntime:
 
         A version check still running in the background is cancelled.
         """
+        if self._observing is not None:
+            self._stop_observing.set()
+            await self._observing
+            self._observing = None
         if self._version_check is not None:
             self._version_check.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -12,6 +12,7 @@
     durably inbox                        what waits for a person, across all runs
     durably follow RUN|SESSION           its events live, the model's text as it is written
     durably serve                        live events over HTTP (SSE) for browsers and apps
+    durably observe MODULE:ATTR          feed every run's committed events to your code
     durably approve RUN --as NAME        approve the pending tool call (deny: --reason)
     durably approve RUN --all --as NAME  approve every pending tool call at once (or deny)
     durably approval-key                 a new key for signed approvals
@@ -99,6 +100,7 @@ app.command("encryption-key")(_codec.encryption_key)
 app.command("codec-server")(_codec.codec_server)
 app.command()(_read.inbox)
 app.command()(_follow.follow)
+app.command()(_follow.observe)
 app.command()(_web.serve)
 app.command()(_versions.versions)
 runs_app.command("list")(_read.runs_list)

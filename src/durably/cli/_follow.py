@@ -1,13 +1,15 @@
-"""`durably follow RUN|SESSION`: a run's or a session's events, live, as they happen.
+"""Commands that watch runs live: `durably follow RUN|SESSION` prints a run's or a
+session's events as they happen; `durably observe module:fn` feeds every run's
+committed events to your code (`durably.observers`).
 
-It reads by query only (`RunHandle.events`): following records nothing in the
-run's history and never answers or approves anything. The model's answer is
-printed as it is written, then each committed event on its own line.
+Both read by query only (`RunHandle.events`): watching records nothing in a
+run's history and never answers or approves anything.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,6 +20,7 @@ from durably.cli._connection import Connection, command
 from durably.cli._terminal import console, local_time, safe
 from durably.contract import SESSION_WORKFLOW_TYPE, LiveEvent, LiveItem, LiveText
 from durably.errors import RunNotFoundError
+from durably.observers import ObserverHost, SqliteCheckpoints, load_observers
 
 Target = Annotated[str, typer.Argument(metavar="RUN|SESSION", help="A run id or a session id.")]
 
@@ -97,3 +100,37 @@ class _Printer:
         if self.in_text:
             console.print()
             self.in_text = False
+
+
+@command
+async def observe(
+    observers: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODULE:ATTR",
+            help="An observer function (of a LiveItem) or a list of them, e.g. myapp.audit:log.",
+        ),
+    ],
+    store: Annotated[
+        Path,
+        typer.Option("--store", help="The SQLite file where how far it got is kept."),
+    ] = Path(".durably/observers.sqlite"),
+    *,
+    conn: Connection,
+) -> None:
+    """Feed every run's committed events to your observers, at least once, in order per
+    run, until Ctrl-C; a restart goes on where it stopped."""
+    from durably.cli._serve import _stop_on_signals
+
+    loaded = load_observers(observers)
+    stop = _stop_on_signals()
+    checkpoints = SqliteCheckpoints(store)
+    host = ObserverHost(await conn.client(), loaded, checkpoints=checkpoints)
+    names = ", ".join(getattr(o, "__qualname__", repr(o)) for o in loaded)
+    console.print(Text(f"Observing every run with {names} (checkpoints in {store})"))
+    console.print("Press Ctrl-C to stop.")
+    try:
+        await host.run(stop)
+    finally:
+        checkpoints.close()
+    console.print("Observer stopped.")

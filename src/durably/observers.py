@@ -1,0 +1,225 @@
+"""Observers (SPEC section 15): your code, fed every run's committed events.
+
+An observer is a function of a `LiveItem` (sync or async): log it, index
+it, count it, alert on it. `ObserverHost` finds the runs (Temporal's
+visibility), follows each one by query (`RunHandle.events`: it records
+nothing in the run's history), and calls every observer with each committed
+event of each run, in order per run, at least once: the offset reached is
+checkpointed after the observers saw the event (`Checkpoints`, a local
+SQLite file by default), so a restarted host goes on where it stopped,
+repeating at most the event it was handling.
+
+An observer that raises is logged with the run and the event and is not
+called again for that event (the seed: "observer failures are not
+retried"); it never touches the run, whose outcome and history are the same
+with or without observers. Run one with `durably observe module:fn`, or in
+a worker's process with `DurableRuntime.open(observers=[fn])`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from durably.client import DurableClient
+from durably.contract import WORKFLOW_TYPE, LiveItem, LiveText
+from durably.errors import DurablyError, RegistrationError, RunNotFoundError
+
+__all__ = [
+    "Checkpoints",
+    "Observer",
+    "ObserverHost",
+    "SqliteCheckpoints",
+    "load_observers",
+]
+
+Observer = Callable[[LiveItem], Awaitable[None] | None]
+_log = structlog.get_logger("durably.observers")
+# Runs that closed this long before a sweep are still looked at (visibility trails).
+_CLOSED_WINDOW = timedelta(minutes=10)
+
+
+class Checkpoints(Protocol):
+    """Where an observer host keeps how far it got, by run."""
+
+    def since(self) -> datetime:
+        """When the host first started: it observes the runs started from then on."""
+        ...
+
+    def offset(self, run_id: str) -> int | None:
+        """The offset of the last event the observers saw of `run_id` (None: none yet)."""
+        ...
+
+    def save(self, run_id: str, offset: int, *, finished: bool = False) -> None:
+        """The observers saw `run_id`'s event at `offset` (`finished`: its last one)."""
+        ...
+
+    def finished(self, run_id: str) -> bool:
+        """Whether the observers saw `run_id`'s last event."""
+        ...
+
+
+class SqliteCheckpoints:
+    """`Checkpoints` in a local SQLite file (created on first use)."""
+
+    def __init__(self, path: str | Path = ".durably/observers.sqlite") -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS checkpoints (run_id TEXT PRIMARY KEY,"
+            " offset INTEGER NOT NULL, finished INTEGER NOT NULL DEFAULT 0)"
+        )
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        self._db.execute(
+            "INSERT OR IGNORE INTO meta VALUES ('since', ?)", (datetime.now(UTC).isoformat(),)
+        )
+
+    def since(self) -> datetime:
+        (value,) = self._db.execute("SELECT value FROM meta WHERE key = 'since'").fetchone()
+        return datetime.fromisoformat(value)
+
+    def offset(self, run_id: str) -> int | None:
+        row = self._db.execute(
+            "SELECT offset FROM checkpoints WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def save(self, run_id: str, offset: int, *, finished: bool = False) -> None:
+        self._db.execute(
+            "INSERT INTO checkpoints VALUES (?, ?, ?) ON CONFLICT(run_id) DO UPDATE"
+            " SET offset = excluded.offset, finished = excluded.finished",
+            (run_id, offset, int(finished)),
+        )
+
+    def finished(self, run_id: str) -> bool:
+        row = self._db.execute(
+            "SELECT finished FROM checkpoints WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return bool(row and row[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class ObserverHost:
+    """Feeds `observers` every committed event of every run (see the module docstring).
+
+    `poll_interval` is how often it looks for new runs, in seconds.
+    """
+
+    def __init__(
+        self,
+        client: DurableClient,
+        observers: Sequence[Observer],
+        *,
+        checkpoints: Checkpoints | None = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        if not observers:
+            raise DurablyError("an observer host needs at least one observer")
+        self.client = client
+        self.observers = list(observers)
+        self.checkpoints: Checkpoints = checkpoints or SqliteCheckpoints()
+        self.poll_interval = poll_interval
+        self._following: dict[str, asyncio.Task[None]] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Observe until `stop` is set."""
+        try:
+            while not stop.is_set():
+                try:
+                    await self._sweep()
+                except Exception as err:
+                    _log.warning("could not list runs to observe", error=str(err))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval)
+        finally:
+            for task in self._following.values():
+                task.cancel()
+            await asyncio.gather(*self._following.values(), return_exceptions=True)
+            self._following.clear()
+
+    async def _sweep(self) -> None:
+        """Start following each run not followed yet whose last event is not seen."""
+        since = self.checkpoints.since().isoformat()
+        recent = (datetime.now(UTC) - _CLOSED_WINDOW).isoformat()
+        query = (
+            f'WorkflowType = "{WORKFLOW_TYPE}" AND StartTime >= "{since}" AND '
+            f'(ExecutionStatus = "Running" OR CloseTime >= "{recent}")'
+        )
+        async for execution in self.client.temporal.list_workflows(query):
+            run_id = execution.id
+            task = self._following.get(run_id)
+            if task is not None and not task.done():
+                continue
+            if self.checkpoints.finished(run_id):
+                continue
+            self._following[run_id] = asyncio.create_task(self._follow(run_id))
+
+    async def _follow(self, run_id: str) -> None:
+        try:
+            await self._feed(run_id)
+        except RunNotFoundError:  # its history is gone (retention): nothing more comes
+            self.checkpoints.save(run_id, self.checkpoints.offset(run_id) or -1, finished=True)
+        except DurablyError as err:  # the next sweep follows it again from its checkpoint
+            _log.warning("could not follow a run to observe", run_id=run_id, error=str(err))
+
+    async def _feed(self, run_id: str) -> None:
+        run = await self.client.get_run(run_id)
+        ended = False
+        async for item in run.events(after=self.checkpoints.offset(run_id)):
+            if isinstance(item.event, LiveText):
+                continue  # previews are not committed events
+            for observer in self.observers:
+                await _call(observer, item)
+            ended = item.event.type in ("run_completed", "run_cancelled")
+            self.checkpoints.save(run_id, item.offset, finished=ended)
+        if not ended:  # closed otherwise (failed for good, terminated): nothing more comes
+            last = self.checkpoints.offset(run_id)
+            self.checkpoints.save(run_id, -1 if last is None else last, finished=True)
+
+
+async def _call(observer: Observer, item: LiveItem) -> None:
+    """Call one observer with one event; what it raises is logged, never retried."""
+    try:
+        result = observer(item)
+        if inspect.isawaitable(result):
+            await result
+    except Exception as err:
+        event: Any = item.event
+        _log.warning(
+            "an observer failed; it is not called again for this event",
+            observer=getattr(observer, "__qualname__", repr(observer)),
+            run_id=getattr(event, "run_id", None),
+            offset=item.offset,
+            event_type=event.type,
+            error=f"{type(err).__name__}: {err}",
+        )
+
+
+def load_observers(spec: str) -> list[Observer]:
+    """Import `module:attr`: an observer function, or a list of them."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise RegistrationError(f"{spec!r}: expected `module:attr`, e.g. `myapp.audit:observe`")
+    try:
+        value: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise RegistrationError(f"{spec!r}: cannot load it ({err})") from err
+    observers = list(value) if isinstance(value, list | tuple) else [value]
+    if not observers or not all(callable(o) for o in observers):
+        raise RegistrationError(
+            f"{spec!r} must be a function of a LiveItem, or a list of them; got "
+            f"{type(value).__name__}"
+        )
+    return observers

@@ -1,0 +1,146 @@
+"""Observers (SPEC section 15): fed every committed event, in order per run, at least
+once across a restart; one that raises never touches the run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    DurableClient,
+    FunctionModel,
+    LiveItem,
+    ModelRequest,
+    ToolContext,
+    tool,
+)
+from durably.messages import AssistantMessage, ToolCall
+from durably.models import last_tool_results
+from durably.observers import ObserverHost, SqliteCheckpoints
+
+from .conftest import Runtimes, eventually
+
+
+class Order(BaseModel):
+    order: str
+
+
+@tool
+async def lookup(args: Order, ctx: ToolContext) -> str:
+    """Look an order up."""
+    return f"order {args.order} ships"
+
+
+def looker() -> AgentRegistration:
+    async def model(request: ModelRequest) -> AsyncIterator[str | AssistantMessage]:
+        if last_tool_results(request):
+            yield "It ships."
+            return
+        yield AssistantMessage(
+            tool_calls=(ToolCall(id="c", name="lookup", arguments={"order": "A"}),)
+        )
+
+    agent = Agent(
+        id="observed",
+        model=FunctionModel(model, name="observers.looker"),
+        instructions="",
+        tools=[lookup],
+    )
+    return AgentRegistration(agent, version="1", tool_recovery={"lookup": "safe"})
+
+
+class Host:
+    """An observer host running in the test's loop until `stop()`."""
+
+    def __init__(self, host: ObserverHost) -> None:
+        self.host = host
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(host.run(self._stop))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await self._task
+
+
+async def history_types(client: DurableClient, run_id: str) -> list[str]:
+    history = await client.temporal.get_workflow_handle(run_id).fetch_history()
+    return [str(e.event_type) for e in history.events]
+
+
+async def test_an_observer_sees_every_committed_event_once_across_a_restart(
+    client: DurableClient, runtimes: Runtimes, tmp_path: Path
+) -> None:
+    await runtimes.start([looker()])
+    seen: list[tuple[str, int, str]] = []
+
+    def record(item: LiveItem) -> None:
+        seen.append((getattr(item.event, "run_id", ""), item.offset, item.event.type))
+
+    store = tmp_path / "observers.sqlite"
+    first = Host(
+        ObserverHost(client, [record], checkpoints=SqliteCheckpoints(store), poll_interval=0.1)
+    )
+    run_a = await client.start_run("observed", "where is A")
+    await run_a.result()
+
+    async def saw_a_complete() -> bool:
+        return any(r == run_a.run_id and t == "run_completed" for r, _, t in seen)
+
+    await eventually(saw_a_complete)
+    await first.stop()
+
+    run_b = await client.start_run("observed", "where is B")
+    await run_b.result()
+    second = Host(
+        ObserverHost(client, [record], checkpoints=SqliteCheckpoints(store), poll_interval=0.1)
+    )
+
+    async def saw_b_complete() -> bool:
+        return any(r == run_b.run_id and t == "run_completed" for r, _, t in seen)
+
+    await eventually(saw_b_complete)
+    await second.stop()
+
+    for run in (run_a, run_b):
+        mine = [(o, t) for r, o, t in seen if r == run.run_id]
+        assert [o for o, _ in mine] == list(range(len(mine)))  # every one, in order, once
+        assert [t for _, t in mine][-1] == "run_completed"
+        assert "text_delta" not in [t for _, t in mine]
+
+
+async def test_an_observer_that_raises_on_every_event_changes_nothing_in_the_run(
+    client: DurableClient, runtimes: Runtimes, tmp_path: Path
+) -> None:
+    await runtimes.start([looker()])
+    calls: list[int] = []
+
+    async def broken(item: LiveItem) -> None:
+        calls.append(item.offset)
+        raise RuntimeError("the audit database is down")
+
+    twin = await client.start_run("observed", "where is A")
+    await twin.result()
+    host = Host(
+        ObserverHost(
+            client,
+            [broken],
+            checkpoints=SqliteCheckpoints(tmp_path / "o.sqlite"),
+            poll_interval=0.1,
+        )
+    )
+    run = await client.start_run("observed", "where is A")
+    result = await run.result()
+
+    async def all_seen() -> bool:
+        return len(calls) >= 8
+
+    await eventually(all_seen)
+    await host.stop()
+    assert result.output == "It ships."
+    assert await history_types(client, run.run_id) == await history_types(client, twin.run_id)
+    assert calls == list(range(8))  # each event once, though each one failed
