@@ -6,7 +6,11 @@ next scripted `Reply`; when the script runs out the server answers a 400
 naming that, so a test that under-scripts fails with a message (after its
 `model_retry` attempts) instead of hanging. Reply bodies are shaped like the providers' own
 (`chat.completion` objects, Anthropic `message` objects, their error
-envelopes), so the real SDK clients parse them as they would in production.
+envelopes), so the real SDK clients parse them as they would in production. A
+request asking for a stream (`"stream": true`) gets the same reply as the
+provider streams it: Server-Sent Events (`chat.completion.chunk`s ending in
+`[DONE]`; Anthropic's `message_start` ... `message_stop`), the text cut into
+word-sized pieces.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ class Reply:
     status: int = 200
     headers: Mapping[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    # Streamed (a request with `"stream": true`): seconds between pieces, and an event
+    # the server waits for after the first piece of text (a test holds the rest back).
+    piece_delay: float = 0.0
+    hold_after_first: threading.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,19 @@ class FakeProvider:
         them: the provider refuses such a request with a 400, and so does the fake."""
         raise NotImplementedError
 
+    def stream_events(
+        self, body: Mapping[str, Any], request: Mapping[str, Any]
+    ) -> list[tuple[str, bool]]:
+        """A reply body as the provider streams it: its Server-Sent Events, in order, each
+        with whether it carries a piece of the answer's text."""
+        raise NotImplementedError
+
+    # Pieces of text a streamed answer is cut into (the providers send a few words each).
+    @staticmethod
+    def pieces(text: str) -> list[str]:
+        words = text.split(" ")
+        return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
+
     # -- the server ---------------------------------------------------------------------
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -170,6 +191,10 @@ class FakeProvider:
                     )
                 if reply.delay:
                     time.sleep(reply.delay)
+                request = fake._received[-1].body
+                if reply.status == 200 and request.get("stream"):
+                    _stream(self, reply, fake.stream_events(reply.body, request))
+                    return
                 data = json.dumps(reply.body).encode()
                 try:
                     self.send_response(reply.status)
@@ -186,6 +211,30 @@ class FakeProvider:
                 pass
 
         return Handler
+
+
+def _stream(handler: BaseHTTPRequestHandler, reply: Reply, events: list[tuple[str, bool]]) -> None:
+    """Server-Sent Events, one write each; the connection closes at the end (HTTP/1.0)."""
+    try:
+        handler.send_response(200)
+        handler.send_header("content-type", "text/event-stream")
+        handler.send_header("cache-control", "no-cache")
+        handler.end_headers()
+        held = False
+        for event, text in events:
+            handler.wfile.write(event.encode())
+            handler.wfile.flush()
+            if reply.hold_after_first is not None and not held and text:
+                held = reply.hold_after_first.wait(20)
+            if reply.piece_delay:
+                time.sleep(reply.piece_delay)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def _sse(data: Any, event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data) if not isinstance(data, str) else data}\n\n"
 
 
 def _arguments_text(arguments: Any) -> str:
@@ -241,6 +290,11 @@ class FakeOpenAI(FakeProvider):
     def unanswered_calls(self, body: Mapping[str, Any]) -> list[str]:
         return _openai_unanswered(list(body.get("messages", [])))
 
+    def stream_events(
+        self, body: Mapping[str, Any], request: Mapping[str, Any]
+    ) -> list[tuple[str, bool]]:
+        return _openai_stream(body, request, self.pieces)
+
     def tool_results(self, body: Mapping[str, Any]) -> list[SeenResult]:
         tail = list(itertools.takewhile(lambda m: m["role"] == "tool", reversed(body["messages"])))
         return [
@@ -251,6 +305,62 @@ class FakeOpenAI(FakeProvider):
             )
             for m in reversed(tail)
         ]
+
+
+def _openai_stream(
+    completion: Mapping[str, Any], request: Mapping[str, Any], pieces: Any
+) -> list[tuple[str, bool]]:
+    """A `chat.completion` as `chat.completion.chunk` events, usage last when asked."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return _sse(
+            {
+                **base,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        )
+
+    text = message.get("content")
+    events = [chunk({"role": "assistant", "content": "" if text else None})]
+    written = [chunk({"content": piece}) for piece in (pieces(text) if text else [])]
+    events += written
+    for i, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        events.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": function["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
+        events.append(
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": function["arguments"]}}]})
+        )
+    events.append(chunk({}, choice["finish_reason"]))
+    if (request.get("stream_options") or {}).get("include_usage"):
+        events.append(
+            _sse(
+                {
+                    **base,
+                    "object": "chat.completion.chunk",
+                    "choices": [],
+                    "usage": completion["usage"],
+                }
+            )
+        )
+    events.append(_sse("[DONE]"))
+    return [(e, e in written) for e in events]
 
 
 def _openai_unanswered(messages: list[Mapping[str, Any]]) -> list[str]:
@@ -338,6 +448,11 @@ class FakeAnthropic(FakeProvider):
     def unanswered_calls(self, body: Mapping[str, Any]) -> list[str]:
         return _anthropic_unanswered(list(body.get("messages", [])))
 
+    def stream_events(
+        self, body: Mapping[str, Any], request: Mapping[str, Any]
+    ) -> list[tuple[str, bool]]:
+        return _anthropic_stream(body, self.pieces)
+
     def tool_results(self, body: Mapping[str, Any]) -> list[SeenResult]:
         last = body["messages"][-1]
         assert last["role"] == "user"
@@ -350,6 +465,46 @@ class FakeAnthropic(FakeProvider):
             for b in last["content"]
             if b["type"] == "tool_result"
         ]
+
+
+def _anthropic_stream(message: Mapping[str, Any], pieces: Any) -> list[tuple[str, bool]]:
+    """A `message` as the Messages API streams it: start, each block's deltas, stop."""
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    events = [_sse({"type": "message_start", "message": start}, "message_start")]
+    texts: list[str] = []
+    for i, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            opened = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": p} for p in pieces(block["text"])]
+        else:
+            opened = {**block, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+        events.append(
+            _sse(
+                {"type": "content_block_start", "index": i, "content_block": opened},
+                "content_block_start",
+            )
+        )
+        written = [
+            _sse({"type": "content_block_delta", "index": i, "delta": d}, "content_block_delta")
+            for d in deltas
+        ]
+        texts += written if block["type"] == "text" else []
+        events += written
+        events.append(_sse({"type": "content_block_stop", "index": i}, "content_block_stop"))
+    events.append(
+        _sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]},
+            },
+            "message_delta",
+        )
+    )
+    events.append(_sse({"type": "message_stop"}, "message_stop"))
+    return [(e, e in texts) for e in events]
 
 
 def _message(blocks: list[dict[str, Any]], stop: str, usage: tuple[int, int]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -1180,3 +1181,28 @@ class TestSupportDeskModel:
         [registration] = support_desk.build_registrations()
         assert registration.version == "2-openai"
         assert registration.model_retry is not None
+
+
+class TestStreamedAnswers:
+    async def test_the_answer_reaches_a_follower_while_the_provider_still_writes_it(
+        self, fake: FakeProvider, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """The provider streams its answer (SSE on the wire); the server holds the rest of it
+        back until a follower of the run has shown the first piece."""
+        shown = threading.Event()
+        text = fake.text("Your order A-1 ships tomorrow.")
+        fake.script(Reply(text.body, hold_after_first=shown))
+        agent = Agent(id="streamer", model=fake.model(), instructions="Be brief.")
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("streamer", "where is A-1")
+
+        pieces: list[str] = []
+        async for item in run.events(poll_interval=0.05):
+            if item.event.type == "text_delta":
+                pieces.append(item.event.text)  # type: ignore[union-attr]
+                shown.set()
+
+        assert pieces[0] == "Your "
+        assert "".join(pieces) == "Your order A-1 ships tomorrow."
+        assert (await run.result()).output == "Your order A-1 ships tomorrow."
+        assert fake.received[0].body["stream"] is True

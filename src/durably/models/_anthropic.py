@@ -19,6 +19,7 @@ from durably.messages import (
     Usage,
 )
 from durably.models._base import ErrorClassifier
+from durably.models._live_text import emit_text
 from durably.models._provider import ProviderModel, empty_answer, given, tool_arguments
 
 if TYPE_CHECKING:
@@ -50,6 +51,12 @@ class AnthropicModel(ProviderModel["AsyncAnthropic"]):
     merged into every request. A ready `client` (an
     `anthropic.AsyncAnthropic`) may replace `base_url`/`api_key`/`timeout`;
     durably uses a copy with retries off.
+
+    The answer is streamed (`stream=False` turns it off), so a run's live
+    followers read it as it is written; the committed answer is the same.
+
+    .. versionchanged:: Unreleased
+       Answers stream; the `stream` keyword.
     """
 
     _provider = "anthropic"
@@ -71,6 +78,7 @@ class AnthropicModel(ProviderModel["AsyncAnthropic"]):
         timeout: float | None = None,
         client: AsyncAnthropic | None = None,
         classify_error: ErrorClassifier | None = None,
+        stream: bool = True,
     ) -> None:
         super().__init__(
             model,
@@ -80,6 +88,7 @@ class AnthropicModel(ProviderModel["AsyncAnthropic"]):
             client=client,
             extra_body=extra_body,
             classify_error=classify_error,
+            stream=stream,
         )
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
@@ -104,7 +113,14 @@ class AnthropicModel(ProviderModel["AsyncAnthropic"]):
             params["tools"] = anthropic_tools(request.tools)
         if self._extra_body is not None:
             params["extra_body"] = self._extra_body
-        message: Message = await self._client().messages.create(**params)
+        client = self._client()
+        if not self._stream:
+            message: Message = await client.messages.create(**params)
+            return from_anthropic_message(message)
+        async with client.messages.stream(**params) as stream:
+            async for text in stream.text_stream:
+                emit_text(text)
+            message = await stream.get_final_message()
         return from_anthropic_message(message)
 
 

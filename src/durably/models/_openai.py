@@ -25,6 +25,7 @@ from durably.messages import (
     Usage,
 )
 from durably.models._base import ErrorClassifier, ModelResponseError
+from durably.models._live_text import emit_text
 from durably.models._provider import ProviderModel, empty_answer, given, tool_arguments
 
 if TYPE_CHECKING:
@@ -64,6 +65,12 @@ class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
     OpenAI's reasoning models want `extra_body={"max_completion_tokens": n}`.
     A ready `client` (an `openai.AsyncOpenAI`, e.g. for Azure) may replace
     `base_url`/`api_key`/`timeout`; durably uses a copy with retries off.
+
+    The answer is streamed (`stream=False` turns it off), so a run's live
+    followers read it as it is written; the committed answer is the same.
+
+    .. versionchanged:: Unreleased
+       Answers stream; the `stream` keyword.
     """
 
     _provider = "openai"
@@ -86,6 +93,7 @@ class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
         timeout: float | None = None,
         client: AsyncOpenAI | None = None,
         classify_error: ErrorClassifier | None = None,
+        stream: bool = True,
     ) -> None:
         super().__init__(
             model,
@@ -95,6 +103,7 @@ class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
             client=client,
             extra_body=extra_body,
             classify_error=classify_error,
+            stream=stream,
         )
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
@@ -116,7 +125,16 @@ class OpenAIChatModel(ProviderModel["AsyncOpenAI"]):
             params["tools"] = openai_tools(request.tools)
         if self._extra_body is not None:
             params["extra_body"] = self._extra_body
-        completion: ChatCompletion = await self._client().chat.completions.create(**params)
+        client = self._client()
+        if not self._stream:
+            completion: ChatCompletion = await client.chat.completions.create(**params)
+            return from_openai_completion(completion)
+        params["stream_options"] = {"include_usage": True}
+        async with client.chat.completions.stream(**params) as stream:
+            async for event in stream:
+                if event.type == "content.delta":
+                    emit_text(event.delta)
+            completion = await stream.get_final_completion()
         return from_openai_completion(completion)
 
 

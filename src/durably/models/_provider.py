@@ -102,6 +102,7 @@ class ProviderModel(ABC, Generic[_ClientT]):
         client: _ClientT | None,
         extra_body: Mapping[str, Any] | None,
         classify_error: ErrorClassifier | None,
+        stream: bool = True,
     ) -> None:
         name = type(self).__name__
         sdk = import_sdk(self._provider, extra=self._provider, user=name)
@@ -134,6 +135,9 @@ class ProviderModel(ABC, Generic[_ClientT]):
             self._base_url = base_url or os.environ.get(self._base_url_env) or None
         self._extra_body = dict(extra_body) if extra_body else None
         self._classify = classify_error
+        # Stream the answer, so live followers read it as it is written (`emit_text`).
+        # The answer committed is the same either way: not part of the identity.
+        self._stream = stream
         self._clients: tuple[asyncio.AbstractEventLoop, _ClientT] | None = None
 
     @property
