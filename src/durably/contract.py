@@ -1233,8 +1233,9 @@ class LiveEvent(_Model):
     next_attempt_at: datetime | None = None
     output: str | None = None
     # `model_completed`: the answer's text (its first 64 KiB), which followers finish
-    # their preview with.
+    # their preview with, and the calls it makes (large arguments left out).
     text: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 SessionEventType = Literal["submitted", "run_started", "run_closed", "continued_as_new", "closed"]

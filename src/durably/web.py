@@ -8,6 +8,8 @@ Starlette, or run it with `durably serve`):
     GET  /runs/{run_id}/watch          a small page that shows a run live
     POST /runs/{run_id}/respond        {"interaction_id", "response"} or
                                        {"responses": {id: response, ...}} (all or none)
+    POST /agents/{agent_id}/agui       AG-UI: a RunAgentInput in, its events out
+                                       (`durably.agui`; the `agui` extra)
 
 Each committed event is an SSE message whose `id` is its offset and whose
 `event` is its type, with the event as JSON in `data`; the model's text
@@ -188,6 +190,7 @@ def live_app(
             Route("/sessions/{ident}/events", handlers.events),
             Route("/runs/{ident}/respond", handlers.respond, methods=["POST"]),
             Route("/runs/{ident}/watch", handlers.watch),
+            Route("/agents/{ident}/agui", handlers.agui, methods=["POST"]),
         ]
     )
     app.state.hub = handlers.hub
@@ -258,6 +261,38 @@ class _Handlers:
             return _error(404, str(err))
         except (DurablyError, ValidationError) as err:
             return _error(409 if "Conflict" in type(err).__name__ else 422, str(err))
+
+    async def agui(self, request: Request) -> Response:
+        """AG-UI: a `RunAgentInput` in, its event stream out (see `durably.agui`)."""
+        who = self.identity(request)
+        if isinstance(who, Response):
+            return who
+        try:
+            from ag_ui.encoder import EventEncoder
+
+            from durably.agui import agui_events
+        except ImportError:
+            return _error(501, "AG-UI needs the `agui` extra: pip install 'durably[agui]'")
+        data = await _json_body(request)
+        if isinstance(data, Response):
+            return data
+        encoder = EventEncoder()
+        try:
+            events = agui_events(self.client, request.path_params["ident"], data, who)
+            first = await anext(events)  # a RunAgentInput that does not parse: 422
+        except ValidationError as err:
+            return _error(422, f"the body is not an AG-UI RunAgentInput: {err}")
+
+        async def stream() -> AsyncIterator[str]:
+            yield encoder.encode(first)
+            async for event in events:
+                yield encoder.encode(event)
+
+        return StreamingResponse(
+            stream(),
+            media_type=encoder.get_content_type(),
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     async def watch(self, request: Request) -> Response:
         who = self.identity(request)

@@ -798,8 +798,20 @@ class AgentRunWorkflow:
                 next_attempt_at=s.next_attempt_at if event.type == EventType.RETRY_WAIT else None,
                 output=self._output() if event.type == EventType.RUN_COMPLETED else None,
                 text=self._answer_text() if event.type == EventType.MODEL_COMPLETED else None,
+                tool_calls=self._answer_calls() if event.type == EventType.MODEL_COMPLETED else [],
             )
         )
+
+    def _answer_calls(self) -> list[ToolCall]:
+        """The calls of the model's answer just committed, large arguments left out."""
+        transcript = self._m.s.transcript
+        last = transcript[-1] if transcript else None
+        if not isinstance(last, AssistantMessage):
+            return []
+        return [
+            c if clipped(c.arguments) is not None else c.model_copy(update={"arguments": {}})
+            for c in last.tool_calls
+        ]
 
     def _answer_text(self) -> str | None:
         """The model's answer just committed (what a follower's preview ends with)."""
