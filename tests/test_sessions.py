@@ -20,9 +20,11 @@ from durably import (
     DurableClient,
     DurableConflictError,
     FunctionModel,
+    LiveItem,
     ModelRequest,
     RunStatus,
     SessionHandle,
+    SessionLiveEvent,
     ToolContext,
     ToolRetry,
     tool,
@@ -269,6 +271,18 @@ class TestContinueAsNew:
         assert [r.run_id for r in snapshot.runs] == [r.run_id for r in runs]
         assert [r.status for r in snapshot.runs] == ["completed"] * 4
         assert snapshot.version == "1"
+        # Its live events, followed from the first: through every run of the chain.
+        seen_events: list[LiveItem] = []
+        async for item in session.events(poll_interval=0.05):
+            seen_events.append(item)
+            closed = [i for i in seen_events if i.event.type == "run_closed"]
+            if len(closed) == 4:
+                break
+        own = [i for i in seen_events if isinstance(i.event, SessionLiveEvent)]
+        assert [i.offset for i in own] == list(range(len(own)))
+        assert [i.event.type for i in own].count("continued_as_new") >= 2
+        started = [i.event.run_id for i in own if i.event.type == "run_started"]
+        assert started == [r.run_id for r in runs]
         assert seen[-1] == [
             *[line for t in texts[:3] for line in (f"user: {t}", f"assistant: noted: {t}")],
             "user: four",

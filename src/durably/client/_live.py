@@ -17,7 +17,8 @@ import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
-from temporalio.api.common.v1 import Payload
+from temporalio.api.common.v1 import Payload, WorkflowExecution
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -66,7 +67,8 @@ async def follow(
     in order, until the workflow ends; `what` names it in errors ("run 'x'"). While a
     model request runs, the pieces of its answer come as `LiveText` items."""
     f = _Follower(client, workflow_id, what, 0 if after is None else after + 1)
-    f.pinned = await _current_run(client, workflow_id, what)
+    # From the chain's first run: earlier offsets live in the runs that continued.
+    f.pinned = await _first_run(client, workflow_id, what)
     backoff = poll_interval
     while True:
         handle = client.get_workflow_handle(workflow_id, run_id=f.pinned)
@@ -103,7 +105,6 @@ class _Follower:
         self.what = what
         self.offset = offset
         self.pinned = ""
-        self.continued = False
         self.ended = False
         self.closed = False
         self.preview: _Preview | None = None
@@ -123,7 +124,6 @@ class _Follower:
                 self.preview = _Preview(event)
             self.offset = wire.offset + 1
             items.append(LiveItem(offset=wire.offset, event=event))
-            self.continued = self.continued or event.type == "continued_as_new"
             self.ended = self.ended or (isinstance(event, LiveEvent) and event.type in _RUN_ENDS)
         return items
 
@@ -131,11 +131,11 @@ class _Follower:
         """Whether the run it read continued as new and the next one is now pinned."""
         status = await _status(handle, self.what)
         self.closed = status in _CLOSED
-        if self.continued or status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+        if status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
             self.closed = False
-            latest = await _current_run(self.client, self.workflow_id, self.what)
-            if latest != self.pinned:
-                self.pinned, self.continued = latest, False
+            following = await _next_run(self.client, self.workflow_id, self.pinned)
+            if following is not None:
+                self.pinned = following
                 return True
         return False
 
@@ -236,14 +236,34 @@ async def _poll(handle: WorkflowHandle[Any, Any], offset: int, what: str) -> Pol
         raise _Unavailable from err
 
 
-async def _current_run(client: Client, workflow_id: str, what: str) -> str:
+async def _first_run(client: Client, workflow_id: str, what: str) -> str:
+    """The first Temporal run of the workflow's continue-as-new chain."""
     try:
         description = await client.get_workflow_handle(workflow_id).describe()
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise RunNotFoundError(f"no {what}") from err
         raise DurablyError(f"{what} could not be read: {err.message}") from err
-    return description.run_id
+    first = description.raw_description.workflow_execution_info.first_run_id
+    return first or description.run_id
+
+
+async def _next_run(client: Client, workflow_id: str, run_id: str) -> str | None:
+    """The run that `run_id` continued as new into (its history's last event names it)."""
+    request = GetWorkflowExecutionHistoryReverseRequest(
+        namespace=client.namespace,
+        execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+        maximum_page_size=1,
+    )
+    try:
+        response = await client.workflow_service.get_workflow_execution_history_reverse(request)
+    except RPCError:
+        return None
+    for event in response.history.events:
+        if event.HasField("workflow_execution_continued_as_new_event_attributes"):
+            attributes = event.workflow_execution_continued_as_new_event_attributes
+            return attributes.new_execution_run_id or None
+    return None
 
 
 async def _status(handle: WorkflowHandle[Any, Any], what: str) -> WorkflowExecutionStatus | None:
