@@ -257,3 +257,27 @@ class TestInABrowser:
                 gate.set()
                 await page.wait_for_text("Your order ships tomorrow.", "run_completed")
                 await page.screenshot(ARTIFACTS / "watch.png")
+
+
+class TestSessions:
+    async def test_a_sessions_events_stream_with_each_of_its_runs(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        await runtimes.start([writer()])
+        session = await client.start_session("writer")
+        for text in ("one", "two"):
+            await (await session.submit(text)).result()
+        await session.close()
+        async with LiveServer(client, port=0) as server:
+            stream = await get(server.port, f"/sessions/{session.session_id}/events")
+            seen = await asyncio.wait_for(read_all(stream, until="closed"), 30)
+
+        kinds = [m.event for m in seen]
+        assert kinds.count("run_started") == 2 and kinds.count("run_completed") == 2
+        # Only the session's own events carry an id: Last-Event-ID resumes the session.
+        ids = [int(m.id) for m in seen if m.id is not None]
+        assert len(ids) == sum(1 for m in seen if m.data.get("kind") == "session")
+        assert ids == list(range(len(ids)))
+        assert kinds[-1] == "closed"
+        text = "".join(m.data["text"] for m in seen if m.event == "text_delta")
+        assert text == "Your order ships tomorrow." * 2

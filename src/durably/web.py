@@ -49,7 +49,7 @@ from starlette.routing import Route
 
 from durably._http import AsgiServer, is_loopback, names_loopback
 from durably.client import DurableClient
-from durably.contract import LiveItem
+from durably.contract import LiveItem, SessionLiveEvent
 from durably.errors import DurablyError, RunNotFoundError
 
 __all__ = ["TOKENS_ENV", "LiveServer", "live_app", "parse_tokens"]
@@ -235,7 +235,7 @@ class _Handlers:
         except DurablyError as err:
             return _error(422, str(err))
         return StreamingResponse(
-            _sse(feed, after, self.hub),
+            _sse(feed, after, self.hub, kind),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -322,8 +322,10 @@ def _after(request: Request) -> int | Response | None:
         return _error(400, f"Last-Event-ID / after must be an offset (a number), got {raw[:40]!r}")
 
 
-async def _sse(feed: _Feed, after: int | None, hub: _Hub) -> AsyncIterator[bytes]:
-    """The feed as Server-Sent Events, with a comment line while nothing happens."""
+async def _sse(feed: _Feed, after: int | None, hub: _Hub, kind: str) -> AsyncIterator[bytes]:
+    """The feed as Server-Sent Events, with a comment line while nothing happens. An event
+    has an `id` (its offset) when `Last-Event-ID` can resume from it: a run's committed
+    events, or a session's own (its runs' events are replayed from a session offset)."""
     feed.watchers += 1
     items = feed.read(after).__aiter__()
     try:
@@ -337,9 +339,13 @@ async def _sse(feed: _Feed, after: int | None, hub: _Hub) -> AsyncIterator[bytes
                 if feed.error:
                     yield _message("error", {"error": feed.error}, None)
                 return
-            committed = item.event.type != "text_delta"
-            data = item.event.model_dump(mode="json")
-            yield _message(item.event.type, data, item.offset if committed else None)
+            event = item.event
+            if kind == "session":
+                resumable = isinstance(event, SessionLiveEvent)
+            else:
+                resumable = event.type != "text_delta"
+            data = event.model_dump(mode="json")
+            yield _message(event.type, data, item.offset if resumable else None)
     finally:
         feed.watchers -= 1
         if feed.watchers == 0:
