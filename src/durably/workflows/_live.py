@@ -7,12 +7,14 @@ The stream's other doors are closed: its publish signal would let any
 caller forge events a person then reads as the run's, and its poll update
 records every item it returns in history again, per follower and per poll.
 Offsets go on across continue-as-new (the next run starts its stream where
-this one ended); the log keeps the latest `EVENTS_RETAINED` items.
+this one ended); the log keeps the latest `EVENTS_RETAINED` items, and no
+more than `RETAINED_BYTES` of them (a worker caches many runs at once).
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from typing import Any
 
 from pydantic import BaseModel
@@ -27,6 +29,8 @@ __all__ = ["POLL", "PUBLISH_SIGNAL", "LiveEvents"]
 # The stream's handler names (`temporalio.contrib.workflow_streams`).
 PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
 POLL = "__temporal_workflow_stream_poll"
+# The most a run keeps of its live events in the worker's memory, in JSON bytes.
+RETAINED_BYTES = 2 * 2**20
 
 
 class LiveEvents:
@@ -43,12 +47,23 @@ class LiveEvents:
         self._topic = self._stream.topic(EVENTS_TOPIC)
         self._base = offset
         self.next_offset = offset
+        self._sizes: deque[int] = deque()  # of the retained items, oldest first
+        self._bytes = 0
 
     def publish(self, event: BaseModel) -> None:
-        """Append `event`; past `EVENTS_RETAINED`, the oldest retained one goes."""
+        """Append `event`; past `EVENTS_RETAINED` items or `RETAINED_BYTES`, the oldest
+        retained ones go (the newest always stays)."""
+        size = len(event.model_dump_json())
         self._topic.publish(event)
         self.next_offset += 1
-        keep_from = self.next_offset - EVENTS_RETAINED
+        self._sizes.append(size)
+        self._bytes += size
+        keep_from = self._base
+        while len(self._sizes) > 1 and (
+            len(self._sizes) > EVENTS_RETAINED or self._bytes > RETAINED_BYTES
+        ):
+            self._bytes -= self._sizes.popleft()
+            keep_from += 1
         if keep_from > self._base:
             self._stream.truncate(keep_from)
             self._base = keep_from
