@@ -42,6 +42,12 @@ integrations' sessions (``sessions.py``, whose ``--help`` it takes).
 1-second ``safe`` tool calls of one model answer, durably against raw Temporal
 running the three activities with ``asyncio.gather`` (``parallel_tools.py``).
 
+``python benchmarks/compare.py live [--turns 50] [--runs N]`` measures live events
+(``live.py``): the workload's history with no, one and ten followers (also with
+the model's text streamed in pieces) against the floor, and the latency from a
+fake provider writing a piece of text to an SSE client of ``durably.web.LiveServer``
+receiving it.
+
 Run ``python benchmarks/compare.py`` for the full measurement (N = 5, 50 and
 200, throughput at 20, 50 and 200, 500-turn runs of (a), (a'), (b) and (b'); it
 writes ``docs/benchmarks.md`` and ``docs/benchmarks_history.png``),
@@ -1566,6 +1572,11 @@ async def main(argv: Sequence[str] | None = None) -> None:
         import parallel_tools
 
         await parallel_tools.main(args[1:])
+        return
+    if args[:1] == ["live"]:  # live events: followers' history, text latency (issue 17)
+        import live
+
+        await live.main(args[1:])
         return
     plan, docs = parse_args(args)
     if OPENAI in plan.impls:
