@@ -144,3 +144,48 @@ async def test_an_observer_that_raises_on_every_event_changes_nothing_in_the_run
     assert result.output == "It ships."
     assert await history_types(client, run.run_id) == await history_types(client, twin.run_id)
     assert calls == list(range(8))  # each event once, though each one failed
+
+
+async def test_durably_observe_feeds_a_module_function_until_ctrl_c(
+    client: DurableClient, runtimes: Runtimes, tmp_path: Path
+) -> None:
+    """The `durably observe module:fn` process, as an operator runs it."""
+    import json
+    import os
+    import signal
+    import sys
+
+    await runtimes.start([looker()])
+    observed = tmp_path / "observed.jsonl"
+    observed.touch()
+    target = client.temporal.service_client.config.target_host
+    env = {
+        **os.environ,
+        "DURABLY_TEST_OBSERVED": str(observed),
+        "PYTHONPATH": str(Path(__file__).parent.parent),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durably", "observe", "tests.observed_events:record",
+        "--store", str(tmp_path / "o.sqlite"), "--target", target,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        started = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert b"Observing every run with record" in started  # runs from now on
+        run = await client.start_run("observed", "where is A")
+        await run.result()
+
+        async def completed_seen() -> bool:
+            lines = [json.loads(x) for x in observed.read_text().splitlines()]
+            return any(x["run_id"] == run.run_id and x["type"] == "run_completed" for x in lines)
+
+        await eventually(completed_seen)
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 20)
+        assert proc.returncode == 0, err.decode()
+        assert b"Observer stopped." in out
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
