@@ -28,9 +28,15 @@ HISTORIES = {f"{p.parent.name}/{p.stem}": p.read_text() for p in sorted(_ROOT.gl
 
 def recorded_id(name: str) -> str:
     """The workflow id a history ran under, where the workflow's commands depend on it (a
-    session names its runs after itself, and publishes its id as `DurablySession`);
-    else the history's name."""
+    session names its runs after itself, and publishes its id as `DurablySession`; a
+    parent names its subagent runs `{its id}/{first run}/{call}`); else the history's
+    name."""
     history = WorkflowHistory.from_json(name, HISTORIES[name])
+    for event in history.events:
+        if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
+            child = event.start_child_workflow_execution_initiated_event_attributes.workflow_id
+            if child.count("/") >= 2:  # a subagent run, named after its parent
+                return child.rsplit("/", 2)[0]
     started = history.events[0].workflow_execution_started_event_attributes
     session = started.search_attributes.indexed_fields.get(SA_SESSION.name)
     if session is None:

@@ -56,6 +56,8 @@ def policy_digest(pin: AgentPin) -> str:
                 "question": t.question,
                 "signed_approval": t.signed_approval,
                 "output_schema": t.output_schema,
+                # Named only when set, so pins from before subagents keep their digest.
+                **({"subagent": t.subagent.model_dump()} if t.subagent else {}),
             }
             for name, t in pin.tools.items()
         },

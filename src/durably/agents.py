@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -25,6 +26,7 @@ from durably.contract import (
     AgentPin,
     Recovery,
     RetrySpec,
+    SubagentTarget,
     ToolPolicy,
 )
 from durably.errors import RegistrationError
@@ -45,6 +47,48 @@ _TOOL_PARTS = {
     "is_question": "approval",
     "approval_timeout_s": "approval",
 }
+
+
+_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True)
+class Subagent:
+    """An agent another agent delegates to: the model sees it as a tool taking a task.
+
+    A call starts the subagent's run as a child of the calling run, with every
+    guarantee of a run of its own; its final output is the call's result, and
+    its usage counts in the parent's. `version` None runs the newest registered
+    version; `tool_name` defaults to the agent id (characters a tool name may
+    not hold replaced by `_`).
+
+    .. versionadded:: Unreleased
+    """
+
+    agent_id: str
+    version: str | None = None
+    tool_name: str | None = None
+    description: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.tool_name or _TOOL_NAME.sub("_", self.agent_id)[:64]
+
+    @property
+    def spec(self) -> ToolSpec:
+        about = self.description or f"Delegate a task to the {self.agent_id} agent."
+        return ToolSpec(
+            name=self.name,
+            description=f"{about} It works on it and answers with its result.",
+            parameters={
+                "type": "object",
+                "properties": {
+                    "task": {"type": "string", "description": "What it should do, in full."}
+                },
+                "required": ["task"],
+                "additionalProperties": False,
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -78,6 +122,7 @@ class Agent:
     max_turns: int = 20
     context_window: Callable[[Sequence[Message]], Sequence[Message]] | None = None
     max_parallel_tools: int | None = None
+    subagents: Sequence[Subagent | str] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
@@ -108,7 +153,9 @@ class Agent:
                 f"agent {self.id!r}: model {self.model!r} does not implement durably.Model "
                 "(an `identity` property and `async def request(ModelRequest)`)"
             )
-        names = [t.name for t in self.tools]
+        subagents = tuple(s if isinstance(s, Subagent) else Subagent(s) for s in self.subagents)
+        object.__setattr__(self, "subagents", subagents)
+        names = [t.name for t in self.tools] + [s.name for s in subagents]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise RegistrationError(
@@ -125,10 +172,15 @@ class Agent:
 
     @functools.cached_property
     def tool_specs(self) -> tuple[ToolSpec, ...]:
-        return tuple(
+        own = tuple(
             ToolSpec(name=t.name, description=t.description, parameters=t.input_schema)
             for t in self.tools
         )
+        return own + tuple(s.spec for s in self._subagents)
+
+    @property
+    def _subagents(self) -> tuple[Subagent, ...]:
+        return tuple(s for s in self.subagents if isinstance(s, Subagent))
 
 
 @dataclass(frozen=True)
@@ -290,7 +342,10 @@ class AgentRegistration:
             model_retry=self.model_retry.spec() if self.model_retry else None,
             model_heartbeat_timeout_s=self.heartbeat_timeout.total_seconds(),
             model_start_to_close_s=self.model_timeout.total_seconds(),
-            tools={t.name: self._tool_policy(t) for t in self.agent.tools},
+            tools={
+                **{t.name: self._tool_policy(t) for t in self.agent.tools},
+                **{s.name: self._subagent_policy(s) for s in self.agent._subagents},
+            },
             continue_as_new_events=self.continue_as_new_events,
             continue_as_new_bytes=self.continue_as_new_bytes,
             parts=dict(self.pinned_parts),
@@ -316,6 +371,16 @@ class AgentRegistration:
             output_schema=t.output_schema,
         )
 
+    def _subagent_policy(self, s: Subagent) -> ToolPolicy:
+        """A delegated call: no activity of its own (its child run has its tools')."""
+        return ToolPolicy(
+            recovery="manual",
+            retry=RetrySpec(max_attempts=1),
+            heartbeat_timeout_s=self.heartbeat_timeout.total_seconds(),
+            start_to_close_s=self.tool_timeout.total_seconds(),
+            subagent=SubagentTarget(agent_id=s.agent_id, version=s.version),
+        )
+
     @functools.cached_property
     def _identity(self) -> dict[str, Any]:
         """Everything this registration builds, as plain JSON: what `fingerprint` hashes."""
@@ -330,6 +395,16 @@ class AgentRegistration:
         }
         if self.approvers:  # absent before approvers existed: earlier fingerprints hold
             data["approvers"] = {name: list(people) for name, people in self.approvers.items()}
+        if self.agent._subagents:  # likewise absent unless set
+            data["subagents"] = [
+                {
+                    "name": s.name,
+                    "agent_id": s.agent_id,
+                    "version": s.version,
+                    "about": s.spec.description,
+                }
+                for s in self.agent._subagents
+            ]
         window = self.agent.context_window
         if window is not None:  # likewise absent unless set
             data["context_window"] = (

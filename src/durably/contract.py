@@ -164,6 +164,8 @@ class Handler(StrEnum):
     RESPOND = "respond"  # update RespondRequest -> RespondAccepted
     # update RespondManyRequest -> RespondManyAccepted: several at once, all or none.
     RESPOND_MANY = "respond_many"
+    # From a subagent's run to its parent: its status changed (ChildStatusNote).
+    CHILD_STATUS = "child_status"
     RESOLVE_TOOL = "resolve_tool"  # update ResolveToolRequest -> ResolveToolAccepted
     RETRY = "retry"  # update RetryRequest -> RetryAccepted
     # The signal a person answers with when updates are out of reach (CLI, Web UI).
@@ -197,6 +199,8 @@ class ErrorType(StrEnum):
     TRANSCRIPT_LOST = "DurablyTranscriptLost"
     STALE_ATTEMPT = "DurablyStaleAttempt"
     RESULT_TOO_LARGE = "DurablyResultTooLarge"
+    # A subagent call's child run failed (it stays open) or ended without an answer.
+    SUBAGENT_FAILED = "DurablySubagentFailed"
 
 
 INVALID_RUN_INPUT = ErrorType.INVALID_RUN_INPUT.value  # 0.1.0's name; prefer `ErrorType`
@@ -234,6 +238,8 @@ class EventType(StrEnum):
     RUN_CANCELLED = "run_cancelled"
     # Live events only (`RunHandle.events`), never kept in the snapshot: an operation
     # began, or the run continued as new (the stream goes on in the next run).
+    # A subagent call started its child run (detail: the child's run id).
+    SUBAGENT_STARTED = "subagent_started"
     MODEL_STARTED = "model_started"
     TOOL_STARTED = "tool_started"
     CONTINUED_AS_NEW = "continued_as_new"
@@ -379,6 +385,8 @@ class RunInput(_Model):
     carried: RunState | None = None
     # Set by the session workflow that starts the run as its child (SPEC section 13).
     session: ConversationRef | None = None
+    # Set by the parent run whose call started this one (SPEC section 16).
+    parent: ParentCall | None = None
 
 
 class RetrySpec(_Model):
@@ -403,6 +411,41 @@ class ToolPolicy(_Model):
     heartbeat_timeout_s: float
     start_to_close_s: float
     output_schema: dict[str, Any] = Field(default_factory=dict)
+    # The call is delegated: it starts this agent's run as a child (SPEC section 16).
+    subagent: SubagentTarget | None = None
+
+
+class SubagentTarget(_Model):
+    """The agent (and version: None is the newest) a subagent tool's calls run."""
+
+    agent_id: str
+    version: str | None = None
+
+
+class ParentCall(_Model):
+    """What a parent run passes the child run it starts for one of its calls: honoured
+    only when Temporal says that run is the child's parent."""
+
+    run_id: str
+    operation: str
+
+
+class ChildRun(_Model):
+    """A subagent's run, as its parent keeps it: its status as the child last said, and
+    what it waits for."""
+
+    operation: str
+    run_id: str
+    status: str = "running"
+    detail: str | None = None
+
+
+class ChildStatusNote(_Model):
+    """A child run tells its parent its status changed (`child_status` signal)."""
+
+    run_id: str
+    status: RunStatus
+    detail: str | None = None
 
 
 class AgentPin(_Model):
@@ -919,6 +962,9 @@ class RunSnapshot(_Model):
     # The operations that failed for good and wait for `retry()` (several calls of one
     # turn may); `error` names the first one's error.
     failed_operations: list[str] = Field(default_factory=list)
+    # A parent's open subagent runs, and a subagent run's parent (SPEC section 16).
+    children: list[ChildRun] = Field(default_factory=list)
+    parent_run_id: str | None = None
     attention: RunAttention | None = None
     output: str | None = None
     outcome: dict[str, Any] | None = Field(default=None, deprecated=_OUTCOME_DEPRECATED)
@@ -986,6 +1032,8 @@ class InboxItem(_Model):
     next_attempt_at: datetime | None = None
     # The session the run belongs to (its `DurablySession` search attribute), if any.
     session_id: str | None = None
+    # The run whose subagent call started this one, if any.
+    parent_run_id: str | None = None
 
 
 class RunResult(_Model):
@@ -1013,6 +1061,8 @@ class RunSummary(_Model):
     fingerprint: str | None = None
     # The session the run belongs to (its `DurablySession` search attribute), if any.
     session_id: str | None = None
+    # The run whose subagent call started this one, if any.
+    parent_run_id: str | None = None
 
 
 class RunState(_Model):
@@ -1069,6 +1119,10 @@ class RunState(_Model):
     interactions: list[Interaction] = Field(default_factory=list)
     parked: list[ParkedCall] = Field(default_factory=list)
     held: list[HeldResult] = Field(default_factory=list)
+    # A subagent's run: the call of its parent it answers (SPEC section 16).
+    parent: ParentCall | None = None
+    # A parent's subagent runs, by the operation of the call that started each.
+    children: dict[str, ChildRun] = Field(default_factory=dict)
 
 
 RunInput.model_rebuild()

@@ -492,10 +492,15 @@ def _percent(match: re.Match[str]) -> str:
 
 def _call_errors(registration: AgentRegistration, calls: tuple[ToolCall, ...]) -> dict[str, str]:
     errors: dict[str, str] = {}
+    delegates = {s.name for s in registration.agent._subagents}
     for c in calls:
         tool = registration.agent.tool(c.name)
-        if tool is None:
-            known = ", ".join(t.name for t in registration.agent.tools) or "none"
+        if c.name in delegates:
+            task = c.arguments.get("task") if c.raw_arguments is None else None
+            if not isinstance(task, str) or not task.strip():
+                errors[c.call_id] = f"{c.name!r} takes {{'task': '...'}}: what it should do"
+        elif tool is None:
+            known = ", ".join(s.name for s in registration.agent.tool_specs) or "none"
             errors[c.call_id] = f"unknown tool {c.name[:200]!r}; available tools: {known}"
         elif c.raw_arguments is not None:
             errors[c.call_id] = (

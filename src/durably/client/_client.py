@@ -437,7 +437,13 @@ def _inbox_items(snap: RunSnapshot) -> list[InboxItem]:
     status alone would hide an approval pending beside a blocked call.
     """
     since = snap.events[-1].at if snap.events else None
-    base = {"run_id": snap.run_id, "agent_id": snap.agent_id, "status": snap.status, "since": since}
+    base = {
+        "run_id": snap.run_id,
+        "agent_id": snap.agent_id,
+        "status": snap.status,
+        "since": since,
+        "parent_run_id": snap.parent_run_id,
+    }
     blocked: list[str | None] = [*snap.blocked_operations]
     if not blocked and snap.status == RunStatus.NEEDS_ATTENTION:
         blocked = [None]  # a run parked before operations were named
@@ -487,6 +493,9 @@ def _blocked_text(snap: RunSnapshot, operation: str | None) -> str:
     attention = snap.attention if first else None
     if isinstance(attention, ToolInterrupted):
         return f"verify {attention.tool} in the external system, then resolve it"
+    if attention is not None and attention.reason == "subagent_failed":
+        child = attention.detail.get("child_run_id")
+        return f"its subagent run {child} failed: retry that run, or resolve this call"
     if attention is not None:
         return f"{attention.reason}: fix it, then retry"
     reason = _latest_detail(snap, EventType.NEEDS_ATTENTION, operation)

@@ -57,6 +57,8 @@ from durably.contract import (
     Answer,
     ApprovalResponse,
     Attention,
+    ChildRun,
+    ChildStatusNote,
     ErrorResolution,
     ErrorType,
     EventType,
@@ -142,6 +144,7 @@ _PARKED = (RunStatus.FAILED, RunStatus.NEEDS_ATTENTION)
 INLINE_LIMIT = 8 * 2**10
 # Attention reasons an activity's failure details may name.
 _VERSION_REASONS = ("version_missing", "version_incompatible")
+SUBAGENT_FAILED = "subagent_failed"
 # Continue-as-new thresholds before the pin names the registration's.
 _DEFAULT_CAN_EVENTS: int = AgentPin.model_fields["continue_as_new_events"].default
 _DEFAULT_CAN_BYTES: int = AgentPin.model_fields["continue_as_new_bytes"].default
@@ -588,6 +591,10 @@ class RunMachine:
             return RunStatus.NEEDS_ATTENTION, Attention(
                 reason=details["reason"], detail={**details, "last_error": error}
             )
+        if details is not None and details.get("reason") == SUBAGENT_FAILED:
+            return RunStatus.NEEDS_ATTENTION, Attention(
+                reason=SUBAGENT_FAILED, detail={**details, "last_error": error}
+            )
         if key.kind == "tool":
             call = self.call_of(key)
             policy = self.pin.tools[call.name]
@@ -729,6 +736,45 @@ class RunMachine:
             s.status = RunStatus.WAITING
         else:
             s.status = RunStatus.RUNNING
+
+    # -- subagents (SPEC section 16) -----------------------------------------------
+
+    def child_started(self, key: OperationKey, run_id: str) -> None:
+        self.s.children[str(key)] = ChildRun(operation=str(key), run_id=run_id)
+        self.event(EventType.SUBAGENT_STARTED, str(key), run_id)
+
+    def child_failed(self, key: OperationKey) -> ChildRun | None:
+        """The child of this call, if it said it failed (it stays open for `retry()`)."""
+        child = self.s.children.get(str(key))
+        return child if child is not None and child.status == RunStatus.FAILED else None
+
+    def child_noted(self, note: ChildStatusNote) -> str | None:
+        """A child said its status changed; the operation it answers (None: no child of
+        this run). A failed child that runs again takes its parent's call with it."""
+        for operation, child in self.s.children.items():
+            if child.run_id == note.run_id:
+                was_failed = child.status == RunStatus.FAILED
+                child.status = note.status.value
+                child.detail = note.detail
+                if was_failed and note.status != RunStatus.FAILED:
+                    self._resume_parked(operation)
+                return operation
+        return None
+
+    def _resume_parked(self, operation: str) -> None:
+        """The call parked on its failed child goes on waiting for it (the child was
+        retried), as if an operator had retried the call."""
+        parked = [p for p in self.s.parked if p.operation == operation] if self.parallel else []
+        if parked or (not self.parallel and self.s.blocked_operation == operation):
+            if self.parallel:
+                self.decisions.setdefault(operation, "retry")
+            elif self.decision is None:
+                self.decision = "retry"
+
+    def child_done(self, key: OperationKey, result: RunResult) -> None:
+        """The child completed: its usage counts in this run's."""
+        self.s.usage = self.s.usage + result.usage
+        self.s.children.pop(str(key), None)
 
     def lose_transcript(self, error: str, key: OperationKey) -> None:
         """The previous run's transcript can never come: the run fails for good, whatever

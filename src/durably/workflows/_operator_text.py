@@ -40,7 +40,12 @@ def status_details(
     A run that holds several calls of a turn (parallel patch) lists each one it
     waits on, the first of the status's kind first, then what still runs.
     """
-    if s.parked or len(s.interactions) > 1 or (running and s.status == RunStatus.RUNNING):
+    if (
+        s.parked
+        or s.children
+        or len(s.interactions) > 1
+        or (running and s.status == RunStatus.RUNNING)
+    ):
         return _turn_details(run_id, s, running or {})
     if s.status == RunStatus.NEEDS_ATTENTION:
         attention = s.attention
@@ -84,6 +89,11 @@ def _turn_details(run_id: str, s: RunState, running: Mapping[str, str]) -> str |
             f"NAME`, or deny them with `durably deny` {run} `--all --reason ... --as NAME`."
         )
     parts += [_running_text(s, key, tool) for key, tool in running.items()]
+    parts += [
+        f"Waiting for subagent run {md_code(c.run_id)} ({md_code(c.operation)}): "
+        f"{md_text(c.status)}{f', {md_code(c.detail)}' if c.detail else ''}"
+        for c in s.children.values()
+    ]
     return "\n\n".join(parts) if parts else None
 
 

@@ -9,6 +9,8 @@ The failures this prevents:
   raw payload is decoded and checked by the run (`one_raw_argument`), and a
   problem ends the run `failed` with a message saying what the input must
   be.
+- `parent` makes a run a subagent's, which tells its parent its status:
+  honoured only when Temporal says that run is the run's parent.
 - `session` points a run at a session's conversation, which its model
   then reads: honoured only when Temporal says that session is the run's
   parent (`workflow.info().parent`), so a starter cannot point a run at
@@ -116,6 +118,14 @@ def read_run_input(
                 f"run as its child may set; start a run with {EXPECTED}, or submit to the "
                 "session (its `submit` update)"
             )
+    parent = raw.get("parent")
+    if parent is not None:
+        parent_id = parent.get("run_id") if isinstance(parent, dict) else None
+        if info.parent is None or info.parent.workflow_id != parent_id:
+            return None, (
+                "the input sets `parent`, which only the run whose subagent call starts this "
+                f"run as its child may set; start a run with {EXPECTED}"
+            )
     if info.cron_schedule or info.retry_policy is not None:
         what = "a cron schedule" if info.cron_schedule else "a workflow retry policy"
         return None, (
@@ -196,6 +206,7 @@ def initial_state(
         digest=EMPTY_DIGEST,
         chain=info.first_execution_run_id if hardened else None,
         session=run_input.session,
+        parent=run_input.parent,
     )
     if not state.input:  # carried without it: see _continuation
         state.input = run_input.input

@@ -88,6 +88,8 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
         interactions=pending,
         blocked_operations=[o for o in blocked if o is not None],
         failed_operations=[o for o in failed if o is not None],
+        children=list(s.children.values()),
+        parent_run_id=s.parent.run_id if s.parent else None,
         outcome=s.outcome or _waiting_outcome(s),
         turns=s.turns,
         usage=s.usage,

@@ -136,7 +136,16 @@ def check_resolution(
             "a blocked operation",
         )
     attention = entry.attention
-    if attention is None or attention.reason != "tool_interrupted":
+    delegated = attention is not None and attention.reason == "subagent_failed"
+    if delegated and request.resolution.get("type") == "rerun":
+        child = attention.detail.get("child_run_id") if attention else None
+        raise rejection(
+            ErrorType.DURABLE_CONFLICT,
+            f"{short(request.operation)} delegated to subagent run {child!r}, which is still "
+            "open: a rerun would only wait for it again. Retry that run once its cause is "
+            "fixed (this run goes on by itself), or resolve this call with json or error",
+        )
+    if attention is None or attention.reason not in ("tool_interrupted", "subagent_failed"):
         reason = attention.reason if attention else "unknown"
         raise rejection(
             ErrorType.DURABLE_CONFLICT,
@@ -201,12 +210,28 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
             (p.status == RunStatus.FAILED and p.retryable)
             or (
                 p.status == RunStatus.NEEDS_ATTENTION
-                and (p.attention is None or p.attention.reason != "tool_interrupted")
+                and (
+                    p.attention is None
+                    or p.attention.reason not in ("tool_interrupted", "subagent_failed")
+                )
             )
         )
     ]
     if eligible:
         return eligible
+    delegated = [
+        p.attention.detail.get("child_run_id")
+        for p in _blocked(s)
+        if p.attention is not None and p.attention.reason == "subagent_failed"
+    ]
+    if delegated:
+        children = ", ".join(repr(child) for child in delegated[:5])
+        raise rejection(
+            ErrorType.DURABLE_CONFLICT,
+            f"run {run_id!r} waits on failed subagent run(s) {children}: retry() those runs "
+            "once their cause is fixed (this run goes on by itself), or resolve_tool this "
+            "run's call with json or error",
+        )
     interrupted = [p.operation for p in _blocked(s) if p.operation not in taken]
     if interrupted:
         names = ", ".join(repr(o) for o in interrupted[:10])
@@ -237,6 +262,14 @@ def check_retry(run_id: str, s: RunState, *, taken: set[str | None] | None = Non
 def _check_retry_one(run_id: str, s: RunState) -> None:
     """`check_retry` of a run parked on one operation, from its singular fields."""
     if s.status == RunStatus.NEEDS_ATTENTION and s.attention is not None:
+        if s.attention.reason == "subagent_failed":
+            child = s.attention.detail.get("child_run_id")
+            raise rejection(
+                ErrorType.DURABLE_CONFLICT,
+                f"run {run_id!r} waits on the failed subagent run {child!r}: retry() that run "
+                "once its cause is fixed (this run goes on by itself), or resolve_tool this "
+                "run's call with json or error",
+            )
         if s.attention.reason == "tool_interrupted":
             raise rejection(
                 ErrorType.DURABLE_CONFLICT,

@@ -44,11 +44,20 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, NoReturn, TypeVar
 
+from pydantic import BaseModel
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeKey, SearchAttributeUpdate
+from temporalio.common import (
+    RawValue,
+    SearchAttributeKey,
+    SearchAttributePair,
+    SearchAttributeUpdate,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
+    ChildWorkflowError,
     is_cancelled_exception,
 )
 from temporalio.exceptions import CancelledError as TemporalCancelledError
@@ -69,6 +78,7 @@ with workflow.unsafe.imports_passed_through():
         Answer,
         ApprovalResponse,
         Attention,
+        ChildStatusNote,
         ErrorResolution,
         ErrorType,
         EventType,
@@ -77,6 +87,7 @@ with workflow.unsafe.imports_passed_through():
         LiveEvent,
         ModelCallResult,
         OperationKey,
+        ParentCall,
         PinRequest,
         ResolveToolAccepted,
         ResolveToolRequest,
@@ -90,12 +101,14 @@ with workflow.unsafe.imports_passed_through():
         RunInput,
         RunResult,
         RunSnapshot,
+        RunState,
         RunStatus,
         RunStatusNote,
         SessionHandler,
         ToolPolicy,
         TranscriptArchive,
         TranscriptPage,
+        operation_id,
     )
     from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
     from durably.workflows._activities import (
@@ -136,6 +149,7 @@ __all__ = [
     "PATCH_HARDENED",
     "PATCH_PARALLEL_TOOLS",
     "PATCH_SEED_FIDELITY",
+    "PATCH_SUBAGENTS",
     "AgentRunWorkflow",
 ]
 
@@ -155,8 +169,17 @@ PATCH_SEED_FIDELITY = "durably-seed-fidelity"
 # (bounded by `max_parallel_tools`), every approval of the turn is pending at once,
 # several calls may be parked, and results enter the transcript in call order.
 PATCH_PARALLEL_TOOLS = "durably-parallel-tools"
+# What changed next (SPEC section 16): a call of a subagent tool starts the subagent's
+# run as a child and waits for it; a subagent's run tells its parent its status. Checked
+# where those happen, so runs without subagents record no marker for it.
+PATCH_SUBAGENTS = "durably-subagents"
 # Every patch since 0.1.0, oldest first.
-PATCHES: tuple[str, ...] = (PATCH_HARDENED, PATCH_SEED_FIDELITY, PATCH_PARALLEL_TOOLS)
+PATCHES: tuple[str, ...] = (
+    PATCH_HARDENED,
+    PATCH_SEED_FIDELITY,
+    PATCH_PARALLEL_TOOLS,
+    PATCH_SUBAGENTS,
+)
 
 T = TypeVar("T")
 # How much of a committed answer a live `model_completed` event carries.
@@ -190,6 +213,11 @@ class AgentRunWorkflow:
             clock=self._clock,
             on_event=self._live_event,
         )
+        # A parent's subagent runs, by the key of the call that started each (in memory:
+        # replay starts them again, with the same commands); what this run last told its
+        # parent (a subagent's run).
+        self._children: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
+        self._told_parent: tuple[str, str | None] | None = None
         # The tool activities of the turn now running (parallel patch), by key: the run
         # never continues as new over one (its result would be lost, a manual call
         # run twice), and its current details name them.
@@ -296,11 +324,13 @@ class AgentRunWorkflow:
         policy = m.needs_person(key, call)
         if policy is not None and await self._interact(key, call, policy) is not None:
             return  # denied, answered, or timed out: that is its result
+        target = m.pin.tools[call.name].subagent
+        op = partial(self._delegate, key, call) if target else partial(self._tool, key, call, gate)
         result, resolved = await self._operation(
-            key,
-            partial(self._tool, key, call, gate),
-            resolve=lambda decision: (m.resolved_result(call, decision), True),
+            key, op, resolve=lambda decision: (m.resolved_result(call, decision), True)
         )
+        if resolved and target is not None:
+            self._let_go(key)
         m.tool_done(key, call, result, resolved=resolved)
         if self._parallel:
             self._publish()  # what the other calls of the turn do now
@@ -322,6 +352,131 @@ class AgentRunWorkflow:
         result = m.take_answer(interaction, call)
         self._publish()
         return result
+
+    # -- subagents (SPEC section 16) ------------------------------------------------
+
+    async def _delegate(self, key: OperationKey, call: ToolCall) -> tuple[ToolResultMessage, bool]:
+        """A subagent call: its run, a child of this one, to its final output.
+
+        The child's id is the call's operation id (chain-unique: a reused run
+        id never meets an earlier child). A failed child stays open for
+        `retry()`, so its failure comes as its status note, not its result:
+        this call then parks (`subagent_failed`) until the child runs again or
+        the call is resolved. Attaching again (after the child is retried)
+        waits on the same child; nothing starts a second one.
+        """
+        m = self._m
+        workflow.patched(PATCH_SUBAGENTS)
+        target = m.pin.tools[call.name].subagent
+        assert target is not None
+        handle = self._children.get(str(key))
+        if handle is None:
+            child_id = operation_id(self._run_id, m.s.chain, str(key))
+            workflow.set_current_details(
+                f"Starting subagent {md_code(target.agent_id)} for {md_code(str(key))}"
+            )
+            handle = await workflow.start_child_workflow(
+                WORKFLOW_TYPE,
+                RunInput(
+                    agent_id=target.agent_id,
+                    input=str(call.arguments.get("task", "")),
+                    version=target.version,
+                    parent=ParentCall(run_id=self._run_id, operation=str(key)),
+                ).model_dump(mode="json", exclude_none=True),
+                id=child_id,
+                task_queue=workflow.info().task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(SA_STATUS, RunStatus.RUNNING.value),
+                        SearchAttributePair(SA_AGENT, target.agent_id),
+                    ]
+                ),
+                static_summary=f"subagent of {self._run_id}: {call.name}",
+            )
+            self._children[str(key)] = handle
+            if str(key) not in m.s.children:  # a run continued as new has it already
+                m.child_started(key, child_id)
+            self._publish()
+        await workflow.wait_condition(lambda: handle.done() or m.child_failed(key) is not None)
+        failed = m.child_failed(key)
+        if failed is not None and not handle.done():
+            raise ApplicationError(
+                f"subagent run {failed.run_id!r} failed: {failed.detail or 'see that run'}",
+                {"reason": "subagent_failed", "child_run_id": failed.run_id, "tool": call.name},
+                type=ErrorType.SUBAGENT_FAILED.value,
+                non_retryable=True,
+            )
+        try:
+            raw = await handle
+        except ChildWorkflowError as err:
+            if is_cancelled_exception(err):
+                self._children.pop(str(key), None)
+                m.s.children.pop(str(key), None)
+                return _error_result(call, "the subagent's run was cancelled"), False
+            raise ApplicationError(
+                f"subagent run {handle.id!r} ended without an answer: {describe(err)}",
+                {"reason": "subagent_failed", "child_run_id": handle.id, "tool": call.name},
+                type=ErrorType.SUBAGENT_FAILED.value,
+                non_retryable=True,
+            ) from None
+        result = RunResult.model_validate(raw)
+        m.child_done(key, result)
+        self._children.pop(str(key), None)
+        return ToolResultMessage(
+            call_id=call.call_id, tool=call.name, content=result.output or ""
+        ), False
+
+    def _let_go(self, key: OperationKey) -> None:
+        """An operator resolved a call whose child is still open: the child is cancelled
+        (its result would no longer be read)."""
+        child = self._m.s.children.pop(str(key), None)
+        self._children.pop(str(key), None)
+        if child is not None:
+            handle = workflow.get_external_workflow_handle(child.run_id)
+            self._notes.append(asyncio.create_task(self._cancel_child(handle)))
+
+    @staticmethod
+    async def _cancel_child(handle: workflow.ExternalWorkflowHandle[Any]) -> None:
+        try:
+            await handle.cancel()
+        except Exception:  # it ended meanwhile
+            workflow.logger.info("the subagent's run had ended already")
+
+    def _child_status(self, payload: Sequence[RawValue]) -> None:
+        """A child run said its status changed (`child_status` signal)."""
+        try:
+            args = tuple(decode_signal(raw) for raw in payload)
+            note = parse_request(ChildStatusNote, args, Handler.CHILD_STATUS)
+        except Rejected as err:
+            self._m.event(EventType.SIGNAL_REJECTED, detail=f"{err.kind}: {err.message}")
+            return
+        if self._m.child_noted(note) is None:
+            self._m.event(
+                EventType.SIGNAL_REJECTED,
+                detail=f"{Handler.CHILD_STATUS.value} from {short(note.run_id, 100)}, which is "
+                "not a subagent run of this run",
+            )
+            return
+        self._publish()
+
+    def _report_to_parent(self) -> None:
+        """A subagent's run tells its parent each status change (not completion: the
+        parent reads that from the result)."""
+        s = self._m.s
+        parent = workflow.info().parent
+        if s.parent is None or parent is None or s.status == RunStatus.COMPLETED:
+            return
+        detail = _status_detail(s)
+        told = (s.status.value, detail)
+        if told == self._told_parent:
+            return
+        self._told_parent = told
+        workflow.patched(PATCH_SUBAGENTS)
+        note = ChildStatusNote(run_id=self._run_id, status=s.status, detail=detail)
+        handle = workflow.get_external_workflow_handle(parent.workflow_id)
+        self._notes.append(asyncio.create_task(self._send_note(handle, note, Handler.CHILD_STATUS)))
 
     # -- operations ---------------------------------------------------------------
 
@@ -526,6 +681,7 @@ class AgentRunWorkflow:
             self._hardened
             and not self._cannot_continue
             and not self._running
+            and not self._m.s.children
             and self._m.s.archive is None
             and self._history_nearly_full()
         )
@@ -570,7 +726,7 @@ class AgentRunWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             if done():
                 return True
-            if self._running:  # another call of the turn started meanwhile
+            if self._running or self._m.s.children:  # a call of the turn is out
                 continue
             next_input, problem = carried(self._m, workflow.info().run_id)
             if next_input is None:  # keep waiting here, saying why
@@ -678,6 +834,9 @@ class AgentRunWorkflow:
         """
         if name == Handler.SESSION_ADVANCED and self._in_failed_session_run():
             self._advanced = True
+            return
+        if name == Handler.CHILD_STATUS and self._m.s.children:
+            self._child_status(payload)
             return
         if name != Handler.RESPOND_SIGNAL:
             self._m.event(
@@ -869,6 +1028,7 @@ class AgentRunWorkflow:
         if details is not None:
             workflow.set_current_details(details)
         self._report_to_session()
+        self._report_to_parent()
 
     def _in_failed_session_run(self) -> bool:
         return self._m.s.session is not None and self._m.s.status == RunStatus.FAILED
@@ -884,17 +1044,37 @@ class AgentRunWorkflow:
         self._reported_failed = failed
         note = RunStatusNote(run_id=self._run_id, status=s.status)
         session = workflow.get_external_workflow_handle(parent.workflow_id)
-        self._notes.append(asyncio.create_task(self._send_note(session, note)))
+        self._notes.append(
+            asyncio.create_task(self._send_note(session, note, SessionHandler.RUN_STATUS))
+        )
 
     @staticmethod
     async def _send_note(
-        session: workflow.ExternalWorkflowHandle[Any], note: RunStatusNote
+        to: workflow.ExternalWorkflowHandle[Any], note: BaseModel, name: str
     ) -> None:
         try:
-            await session.signal(SessionHandler.RUN_STATUS, note)
-        except Exception:  # the session has closed: nobody waits on this run any more
-            workflow.logger.info("the run's session took no status note: it has closed")
+            await to.signal(name, note)
+        except Exception:  # it has closed: nobody waits on this run any more
+            workflow.logger.info("a status note found its session or parent closed")
 
 
 def _start_value(key: SearchAttributeKey[str]) -> str | None:
     return workflow.info().typed_search_attributes.get(key)
+
+
+def _status_detail(s: RunState) -> str | None:
+    """What a run waits for, in a few words, for its parent to show."""
+    if s.status == RunStatus.WAITING:
+        return "waiting for " + ", ".join(i.id for i in pending_interactions(s)[:5])
+    if s.status == RunStatus.NEEDS_ATTENTION:
+        reason = s.attention.reason if s.attention else "unknown"
+        return f"needs attention ({reason}) on {s.blocked_operation}"
+    if s.status == RunStatus.FAILED:
+        return (s.error or "failed")[:500]
+    if s.status == RunStatus.RETRY_WAIT:
+        return f"model retry at {s.next_attempt_at:%H:%M:%S} UTC" if s.next_attempt_at else None
+    return None
+
+
+def _error_result(call: ToolCall, message: str) -> ToolResultMessage:
+    return ToolResultMessage(call_id=call.call_id, tool=call.name, content=message, is_error=True)

@@ -1,0 +1,294 @@
+"""Owned subagents (SPEC section 16): a call starts the subagent's run as a child, exactly
+as safe as a top-level run and visible from its parent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    DurableClient,
+    DurableConflictError,
+    FunctionModel,
+    ModelRequest,
+    RunStatus,
+    ToolContext,
+    ToolRetry,
+    tool,
+)
+from durably.agents import Subagent
+from durably.contract import Handler
+from durably.messages import AssistantMessage, ModelResponse, ToolCall, Usage
+from durably.models import last_tool_results
+
+from .conftest import (
+    Runtimes,
+    binary,
+    cli,
+    eventually,
+    record_history,
+    wait_for_status,
+)
+
+
+class Order(BaseModel):
+    order: str
+
+
+def answer_with(text: str, tokens: int) -> ModelResponse:
+    return ModelResponse(
+        message=AssistantMessage(content=text),
+        usage=Usage(requests=1, input_tokens=tokens, output_tokens=tokens),
+    )
+
+
+def calling(*calls: ToolCall, tokens: int) -> ModelResponse:
+    return ModelResponse(
+        message=AssistantMessage(tool_calls=calls),
+        usage=Usage(requests=1, input_tokens=tokens, output_tokens=tokens),
+    )
+
+
+class Shop:
+    """The agents: `researcher` answers at once; `refunder` refunds after an approval;
+    `breaker` calls a tool that fails until `fixed`; `manager` delegates to them."""
+
+    def __init__(self) -> None:
+        self.refunded: list[str] = []
+        self.fixed = False
+        self.manager_saw: list[list[str]] = []
+
+    def registrations(self, *delegates: str) -> list[AgentRegistration]:
+        shop = self
+
+        @tool(requires_approval=True)
+        async def refund(args: Order, ctx: ToolContext) -> str:
+            """Refund an order."""
+            shop.refunded.append(args.order)
+            return f"refunded {args.order}"
+
+        @tool
+        async def flaky(args: Order, ctx: ToolContext) -> str:
+            """A lookup that fails until fixed."""
+            if not shop.fixed:
+                raise RuntimeError("the order database is down")
+            return f"order {args.order} found"
+
+        def researcher(request: ModelRequest) -> ModelResponse:
+            return answer_with("order A shipped on Monday", 3)
+
+        def refunder(request: ModelRequest) -> ModelResponse:
+            results = last_tool_results(request)
+            if results:
+                return answer_with(f"done: {results[0].content}", 5)
+            call = ToolCall(id="r", name="refund", arguments={"order": "A"})
+            return calling(call, tokens=5)
+
+        def breaker(request: ModelRequest) -> ModelResponse:
+            results = last_tool_results(request)
+            if results:
+                return answer_with(results[0].content, 2)
+            return calling(ToolCall(id="f", name="flaky", arguments={"order": "A"}), tokens=2)
+
+        def manager(request: ModelRequest) -> ModelResponse:
+            results = last_tool_results(request)
+            if results:
+                shop.manager_saw.append([r.content for r in results])
+                return answer_with(" | ".join(r.content for r in results), 7)
+            calls = tuple(
+                ToolCall(id=f"d{i}", name=name, arguments={"task": f"handle order A ({name})"})
+                for i, name in enumerate(delegates)
+            )
+            return calling(*calls, tokens=7)
+
+        def agent(agent_id: str, fn: Any, **extra: Any) -> Agent:
+            return Agent(
+                id=agent_id, model=FunctionModel(fn, name=f"sub.{agent_id}"), instructions="",
+                **extra,
+            )  # fmt: skip
+
+        retry = ToolRetry(max_attempts=2, initial_delay_ms=10, max_delay_ms=10)
+        return [
+            AgentRegistration(agent("researcher", researcher), version="1"),
+            AgentRegistration(
+                agent("refunder", refunder, tools=[refund]),
+                version="1",
+                tool_recovery={"refund": "idempotent"},
+            ),
+            AgentRegistration(
+                agent("breaker", breaker, tools=[flaky]),
+                version="1",
+                tool_recovery={"flaky": "safe"},
+                tool_retry=retry,
+            ),
+            AgentRegistration(
+                agent("manager", manager, subagents=[Subagent(d) for d in delegates]),
+                version="1",
+            ),
+        ]
+
+
+async def child_of(client: DurableClient, parent_id: str, operation: str) -> str:
+    snap = await client.temporal.get_workflow_handle(parent_id).describe()
+    first = snap.raw_description.workflow_execution_info.first_run_id
+    return f"{parent_id}/{first}/{operation}"
+
+
+class TestDelegation:
+    async def test_two_subagents_one_approved_by_temporal_signal_on_the_child(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        shop = Shop()
+        await runtimes.start(shop.registrations("researcher", "refunder"))
+        parent = await client.start_run("manager", "sort out order A")
+        refunder_id = await child_of(client, parent.run_id, "tool:1:d1")
+
+        async def child_waits() -> bool:
+            snap = await parent.snapshot()
+            return any(c.run_id == refunder_id and c.status == "waiting" for c in snap.children)
+
+        await eventually(child_waits)
+        snap = await parent.snapshot()
+        assert snap.status == RunStatus.RUNNING  # the parent runs: its child waits
+        assert refunder_id in (snap.current or "") and "approval:1:r" in (snap.current or "")
+        inbox = [i for i in await client.inbox() if i.run_id == refunder_id]
+        assert [(i.kind, i.parent_run_id) for i in inbox] == [("approval", parent.run_id)]
+
+        child = await client.get_run(refunder_id)
+        [interaction] = await child.pending()
+        signal = {
+            "interaction_id": interaction.id,
+            "response": {
+                "type": "tool-approval",
+                "approved": True,
+                "args_digest": interaction.args_digest,
+            },
+            "responder": "alice",
+        }
+        target = client.temporal.service_client.config.target_host
+        sent = await cli(
+            binary("temporal"), "workflow", "signal", "--address", target,
+            "--workflow-id", refunder_id, "--name", Handler.RESPOND_SIGNAL.value,
+            "--input", json.dumps(signal),
+        )  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+        result = await asyncio.wait_for(parent.result(), 30)
+
+        assert result.output == "order A shipped on Monday | done: refunded A"
+        assert shop.refunded == ["A"]
+        own = Usage(requests=2, input_tokens=14, output_tokens=14)
+        children = Usage(requests=1, input_tokens=3, output_tokens=3) + Usage(
+            requests=2, input_tokens=10, output_tokens=10
+        )
+        assert result.usage == own + children
+        assert (await child.snapshot()).parent_run_id == parent.run_id
+        await record_history(client, parent.run_id, "subagents_one_approved_on_the_child")
+        await record_history(client, refunder_id, "subagent_run_approved_and_reported")
+
+    async def test_a_failed_child_parks_the_parent_until_the_child_is_retried(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        shop = Shop()
+        await runtimes.start(shop.registrations("breaker"))
+        parent = await client.start_run("manager", "look order A up")
+        breaker_id = await child_of(client, parent.run_id, "tool:1:d0")
+
+        snap = await wait_for_status(parent, RunStatus.NEEDS_ATTENTION)
+        assert snap.attention is not None and snap.attention.reason == "subagent_failed"
+        assert snap.blocked_operation == "tool:1:d0"
+        assert breaker_id in (snap.current or "")
+        with pytest.raises(DurableConflictError, match=r"retry\(\) th(at|ose) run"):
+            await parent.retry()
+
+        shop.fixed = True
+        child = await client.get_run(breaker_id)
+        await child.retry()
+        result = await asyncio.wait_for(parent.result(), 30)
+        assert result.output == "order A found"
+        await record_history(client, parent.run_id, "subagent_failed_then_child_retried")
+
+    async def test_resolving_the_parents_call_lets_its_model_handle_the_error(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        shop = Shop()
+        await runtimes.start(shop.registrations("breaker"))
+        parent = await client.start_run("manager", "look order A up")
+        breaker_id = await child_of(client, parent.run_id, "tool:1:d0")
+        await wait_for_status(parent, RunStatus.NEEDS_ATTENTION)
+
+        with pytest.raises(DurableConflictError, match="still open"):
+            await parent.resolve_tool("tool:1:d0", {"type": "rerun"})
+        await parent.resolve_tool("tool:1:d0", {"type": "error", "message": "gave up on it"})
+        result = await asyncio.wait_for(parent.result(), 30)
+
+        assert result.output == "gave up on it"
+        child = await client.get_run(breaker_id)
+        await wait_for_status(child, RunStatus.CANCELLED)  # nobody reads it any more
+
+    async def test_cancelling_the_parent_cancels_its_child(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        shop = Shop()
+        await runtimes.start(shop.registrations("refunder"))
+        parent = await client.start_run("manager", "refund A")
+        child_id = await child_of(client, parent.run_id, "tool:1:d0")
+
+        async def child_waits() -> bool:
+            return any(c.status == "waiting" for c in (await parent.snapshot()).children)
+
+        await eventually(child_waits)
+        child = await client.get_run(child_id)
+
+        await parent.cancel()
+        await wait_for_status(parent, RunStatus.CANCELLED)
+        await wait_for_status(child, RunStatus.CANCELLED)
+        assert shop.refunded == []
+
+    async def test_a_run_started_with_a_forged_parent_is_refused(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        shop = Shop()
+        await runtimes.start(shop.registrations("researcher"))
+        handle = await client.temporal.start_workflow(
+            "AgentRunWorkflow",
+            {
+                "agent_id": "researcher",
+                "input": "hi",
+                "parent": {"run_id": "x", "operation": "tool:1:a"},
+            },
+            id="forged-child",
+            task_queue=client.task_queue,
+        )
+        run = await client.get_run(handle.id)
+        snap = await wait_for_status(run, RunStatus.FAILED)
+        assert "only the run whose subagent call starts this run" in (snap.error or "")
+
+
+class TestNesting:
+    async def test_three_levels_of_subagents(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        def boss(request: ModelRequest) -> ModelResponse:
+            results = last_tool_results(request)
+            if results:
+                return answer_with(f"boss: {results[0].content}", 1)
+            return calling(ToolCall(id="m", name="manager", arguments={"task": "go"}), tokens=1)
+
+        shop = Shop()
+        registrations = shop.registrations("researcher")
+        top = Agent(
+            id="boss", model=FunctionModel(boss, name="sub.boss"), instructions="",
+            subagents=["manager"],
+        )  # fmt: skip
+        await runtimes.start([*registrations, AgentRegistration(top, version="1")])
+        run = await client.start_run("boss", "what happened to order A")
+
+        result = await asyncio.wait_for(run.result(), 30)
+        assert result.output == "boss: order A shipped on Monday"
+        assert result.usage.requests == 2 + 2 + 1
