@@ -124,9 +124,11 @@ async def test_a_run_with_a_tool_call_streams_valid_agui(
 
     assert_valid_agui(events, max_warnings=0)
     assert types(events)[0] == "RUN_STARTED" and types(events)[-1] == "RUN_FINISHED"
-    assert [
-        t for t in types(events) if t.startswith("TOOL_CALL")
-    ] == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"]
+    assert [t for t in types(events) if t.startswith("TOOL_CALL")] == [
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+    ]
     text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "Done: order A ships tomorrow "
     assert events[-1]["outcome"] == {"type": "success"}

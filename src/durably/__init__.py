@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from durably.agents import Agent, AgentRegistration, ModelRetry, ToolRetry
+    from durably.agents import Agent, AgentRegistration, ModelRetry, Subagent, ToolRetry
     from durably.approvals import ApprovalKeys
     from durably.client import DurableClient, NeededVersion, RunHandle, SessionHandle
     from durably.contract import (
@@ -104,6 +104,7 @@ _EXPORTS = {
     "LiveEvent": "durably.contract",
     "LiveItem": "durably.contract",
     "SessionLiveEvent": "durably.contract",
+    "Subagent": "durably.agents",
     "Model": "durably.models",
     "ModelErrorVerdict": "durably.models",
     "ModelRequest": "durably.messages",
@@ -195,6 +196,7 @@ __all__ = [
     "ScriptedModel",
     "SessionHandle",
     "SessionLiveEvent",
+    "Subagent",
     "SessionSnapshot",
     "SessionSummary",
     "TemporalUnavailableError",
