@@ -224,7 +224,27 @@ def _fan_out() -> AgentRegistration:
     )
 
 
+def delegate(request: ModelRequest) -> AssistantMessage:
+    """Hands the work to the `manual` agent, then answers with what it said."""
+    results = last_tool_results(request)
+    if results:
+        return AssistantMessage(content=f"the manual agent said: {results[0].content}")
+    call = ToolCall(id="d", name="manual", arguments={"task": "file it"})
+    return AssistantMessage(tool_calls=(call,))
+
+
+def _delegator() -> AgentRegistration:
+    agent = Agent(
+        id="delegator",
+        model=FunctionModel(delegate, name="crash-tests.delegator"),
+        instructions="",
+        subagents=["manual"],
+    )
+    return AgentRegistration(agent, version="1", heartbeat_timeout=HEARTBEAT)
+
+
 registrations = [
+    _delegator(),
     _fan_out(),
     _agent("manual", "manual_hang", "manual"),
     _agent("safe", "safe_hang_once", "safe"),

@@ -8,6 +8,7 @@ tool, from a deduplicating HTTP service the test runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from durably import (
@@ -286,6 +288,33 @@ class TestParallelCallsCrash:
         idempotent = crashes.journal(kind="tool", tool="idempotent_effect")
         assert [(e["op"], e["attempt"]) for e in idempotent] == [(op_i1, 1), (op_i1, 2)]
         assert crashes.dedup.effects == {op_i1: "T-1"}
+
+
+class TestSubagentCrash:
+    async def test_a_childs_manual_tool_interrupted_parks_the_child_and_shows_in_the_parent(
+        self, crashes: Crashes, client: DurableClient
+    ) -> None:
+        first = crashes.worker()
+        parent = await client.start_run("delegator", "file it through the manual agent")
+        await crashes.until_journal(kind="tool", tool="manual_hang")
+        first.kill()
+        crashes.worker()
+
+        async def child_parked() -> bool:
+            with contextlib.suppress(RPCError):
+                children = (await parent.snapshot()).children
+                return any(c.status == "needs_attention" for c in children)
+            return False
+
+        await eventually(child_parked, within=60)
+        [child_view] = (await parent.snapshot()).children
+        child = await client.get_run(child_view.run_id)
+        assert (await child.snapshot()).blocked_operation == "tool:1:c1"
+        await child.resolve_tool("tool:1:c1", {"type": "json", "value": {"ticket_id": "T-7"}})
+        result = await asyncio.wait_for(parent.result(), 60)
+
+        assert result.output == 'the manual agent said: {"ticket_id":"T-7"}'
+        assert len(crashes.journal(kind="tool", tool="manual_hang")) == 1  # never run twice
 
 
 class TestFollowingThroughACrash:
