@@ -30,8 +30,10 @@ from durably.models import last_tool_results
 from .conftest import (
     Runtimes,
     binary,
+    chain_histories,
     cli,
     eventually,
+    failed_tasks,
     record_history,
     wait_for_status,
 )
@@ -292,3 +294,42 @@ class TestNesting:
         result = await asyncio.wait_for(run.result(), 30)
         assert result.output == "boss: order A shipped on Monday"
         assert result.usage.requests == 2 + 2 + 1
+
+
+class TestContinueAsNewAroundAChild:
+    async def test_a_full_parent_never_continues_as_new_while_its_child_is_open(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Junk signals fill the parent's history while its child waits for a person: the
+        parent keeps the child (one child workflow, never abandoned), and continues as new
+        only once the child answered."""
+        shop = Shop()
+        registrations = shop.registrations("refunder")
+        manager = registrations[-1]
+        small = AgentRegistration(manager.agent, version="1", continue_as_new_events=40)
+        await runtimes.start([*registrations[:-1], small])
+        parent = await client.start_run("manager", "refund A")
+        child_id = await child_of(client, parent.run_id, "tool:1:d0")
+
+        async def child_waits() -> bool:
+            return any(c.status == "waiting" for c in (await parent.snapshot()).children)
+
+        await eventually(child_waits)
+        handle = client.temporal.get_workflow_handle(parent.run_id)
+        for i in range(50):
+            await handle.signal(Handler.RESPOND_SIGNAL, {"interaction_id": f"junk-{i}"})
+        assert len(await chain_histories(client, parent.run_id)) == 1  # it kept its child
+
+        child = await client.get_run(child_id)
+        [interaction] = await child.pending()
+        await child.approve(interaction, responder="alice")
+        result = await asyncio.wait_for(parent.result(), 30)
+
+        assert result.output == "done: refunded A"
+        histories = await chain_histories(client, parent.run_id)
+        assert len(histories) >= 2 and failed_tasks(histories) == []
+        children = [
+            w.id async for w in client.temporal.list_workflows(f'WorkflowId = "{child_id}"')
+        ]
+        assert children == [child_id]
+        assert shop.refunded == ["A"]
