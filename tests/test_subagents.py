@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -161,6 +162,12 @@ class TestDelegation:
         assert refunder_id in (snap.current or "") and "approval:1:r" in (snap.current or "")
         inbox = [i for i in await client.inbox() if i.run_id == refunder_id]
         assert [(i.kind, i.parent_run_id) for i in inbox] == [("approval", parent.run_id)]
+        target = client.temporal.service_client.config.target_host
+        shown = await cli(
+            sys.executable, "-m", "durably", "runs", "show", parent.run_id, "--target", target
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert f"└── {refunder_id} waiting" in shown.stdout  # the run tree, its child below
 
         child = await client.get_run(refunder_id)
         [interaction] = await child.pending()
@@ -173,7 +180,6 @@ class TestDelegation:
             },
             "responder": "alice",
         }
-        target = client.temporal.service_client.config.target_host
         sent = await cli(
             binary("temporal"), "workflow", "signal", "--address", target,
             "--workflow-id", refunder_id, "--name", Handler.RESPOND_SIGNAL.value,

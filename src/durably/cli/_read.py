@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 from durably._text import printable
 from durably.cli._connection import Connection, RunId, command
@@ -31,7 +32,9 @@ from durably.cli._terminal import (
     status_text,
     table,
 )
+from durably.client import DurableClient
 from durably.contract import OtherAttention, RunSnapshot, RunStatus, RunSummary
+from durably.errors import DurablyError
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -116,11 +119,40 @@ async def runs_show(
     conn: Connection,
 ) -> None:
     """Show a run's snapshot: status, outcome, what it waits for, recent events."""
-    snap = await (await conn.get_run(run_id)).snapshot()
+    client = await conn.client()
+    snap = await (await client.get_run(run_id)).snapshot()
     if as_json:  # json.dumps escapes what pydantic leaves raw (C1 and bidi controls)
         print(json.dumps(snap.model_dump(mode="json"), indent=2))
         return
     console.print(_snapshot_view(snap))
+    if snap.children or snap.parent_run_id:
+        console.print(await _run_tree(client, snap))
+
+
+async def _run_tree(client: DurableClient, snap: RunSnapshot, depth: int = 4) -> Tree:
+    """The run, its parent, and its open subagent runs and theirs, as a tree."""
+    label = Text.assemble(safe(snap.run_id), " ", status_text(snap.status))
+    if snap.parent_run_id:
+        label.append_text(
+            Text.assemble(("  (subagent of ", "dim"), safe(snap.parent_run_id), (")", "dim"))
+        )
+    tree = Tree(label)
+    await _add_children(client, tree, snap, depth)
+    return tree
+
+
+async def _add_children(client: DurableClient, tree: Tree, snap: RunSnapshot, depth: int) -> None:
+    for child in snap.children:
+        line = Text.assemble(safe(child.run_id), " ", (child.status, "bold"))
+        if child.detail:
+            line.append_text(Text.assemble(" ", safe(child.detail[:120])))
+        branch = tree.add(line)
+        if depth > 1:
+            try:
+                child_snap = await (await client.get_run(child.run_id)).snapshot()
+            except DurablyError:
+                continue
+            await _add_children(client, branch, child_snap, depth - 1)
 
 
 def _runs_table(runs: list[RunSummary]) -> Table:
