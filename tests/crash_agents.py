@@ -25,6 +25,7 @@ from durably import (
     AgentRegistration,
     FunctionModel,
     ModelRequest,
+    TaskRegistration,
     ToolContext,
     ToolRetry,
     tool,
@@ -244,6 +245,7 @@ def _delegator() -> AgentRegistration:
 
 
 registrations = [
+    TaskRegistration(manual_hang, version="1"),  # the task run `manual_hang`
     _delegator(),
     _fan_out(),
     _agent("manual", "manual_hang", "manual"),

@@ -317,6 +317,25 @@ class TestSubagentCrash:
         assert len(crashes.journal(kind="tool", tool="manual_hang")) == 1  # never run twice
 
 
+class TestTaskCrash:
+    async def test_a_manual_task_interrupted_parks_and_resolves_like_a_tool(
+        self, crashes: Crashes, client: DurableClient
+    ) -> None:
+        first = crashes.worker()
+        run = await client.start_task("manual_hang", Ticket(title="printer"))
+        await crashes.until_journal(kind="tool", tool="manual_hang")
+        first.kill()
+        crashes.worker()
+
+        snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION, within=60)
+        assert snap.blocked_operation == "tool:1:task"
+        await run.resolve_tool("tool:1:task", {"type": "json", "value": {"ticket_id": "T-9"}})
+        result = await asyncio.wait_for(run.result(), 60)
+
+        assert result.output == '{"ticket_id":"T-9"}'
+        assert len(crashes.journal(kind="tool", tool="manual_hang")) == 1
+
+
 class TestFollowingThroughACrash:
     async def test_a_follower_sees_every_event_once_across_a_worker_sigkill(
         self, crashes: Crashes, client: DurableClient

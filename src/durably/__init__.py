@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     )
     from durably.plugin import DurablyPlugin
     from durably.registry import AgentRegistry
+    from durably.tasks import TaskRegistration, task
     from durably.tools import Tool, ToolContext, ToolError, question_tool, tool
     from durably.worker import DurableRuntime
 
@@ -105,6 +106,8 @@ _EXPORTS = {
     "LiveItem": "durably.contract",
     "SessionLiveEvent": "durably.contract",
     "Subagent": "durably.agents",
+    "TaskRegistration": "durably.tasks",
+    "task": "durably.tasks",
     "Model": "durably.models",
     "ModelErrorVerdict": "durably.models",
     "ModelRequest": "durably.messages",
@@ -199,6 +202,7 @@ __all__ = [
     "SessionSnapshot",
     "SessionSummary",
     "Subagent",
+    "TaskRegistration",
     "TemporalUnavailableError",
     "Tool",
     "ToolCall",
@@ -215,6 +219,7 @@ __all__ = [
     "VersionMissing",
     "final",
     "question_tool",
+    "task",
     "tool",
     "tool_call",
 ]

@@ -29,7 +29,7 @@ from durably.cli._connection import Connection, RunId, TaskQueue, command
 from durably.cli._terminal import clip, console, err_console, safe
 from durably.client import DurableClient, RunHandle
 from durably.contract import DEFAULT_TASK_QUEUE, Interaction
-from durably.errors import DurablyError
+from durably.errors import DurablyError, InvalidRunInputError
 
 Responder = Annotated[
     str,
@@ -82,13 +82,30 @@ async def start(
     wait: Annotated[
         bool, typer.Option("--wait", help="Wait for the run and print its output.")
     ] = False,
+    as_task: Annotated[
+        bool,
+        typer.Option(
+            "--task", help="AGENT_ID is a custom task; INPUT is its argument as a JSON object."
+        ),
+    ] = False,
     *,
     conn: Connection,
     task_queue: TaskQueue = DEFAULT_TASK_QUEUE,
 ) -> None:
-    """Start a run of AGENT_ID with INPUT."""
+    """Start a run of AGENT_ID with INPUT (of a custom task with --task)."""
     client = await conn.client(task_queue)
-    run = await client.start_run(agent_id, input, version=version, run_id=run_id)
+    if as_task:
+        try:
+            argument = json.loads(input)
+        except ValueError as err:
+            raise InvalidRunInputError(f"--task takes INPUT as a JSON object: {err}") from None
+        if not isinstance(argument, dict):
+            raise InvalidRunInputError(
+                '--task takes INPUT as a JSON object, such as \'{"order": "A"}\''
+            )
+        run = await client.start_task(agent_id, argument, version=version, run_id=run_id)
+    else:
+        run = await client.start_run(agent_id, input, version=version, run_id=run_id)
     console.print(safe(f"Started run {run.run_id}"))
     if wait:
         await print_result(run)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.common import (
     SearchAttributePair,
@@ -139,6 +140,32 @@ class DurableClient:
             summary=f"{agent_id}: {md_text(_shorten(input, 120))}",
         )
         return RunHandle(self.temporal, run_id)
+
+    async def start_task(
+        self,
+        task_id: str,
+        input: BaseModel | Mapping[str, Any],
+        *,
+        version: str | None = None,
+        run_id: str | None = None,
+    ) -> RunHandle:
+        """Start a run of the custom task `task_id` (`durably.tasks`) with its argument.
+
+        The run is a run like any other (snapshot, statuses, approvals,
+        `resolve_tool`, `retry()`, inbox); its output is the task's result,
+        as JSON text (a string result as it is). `input` is the task's
+        argument: its pydantic model, or the same as a mapping.
+
+        .. versionadded:: Unreleased
+        """
+        from durably.tasks import task_input
+
+        if not isinstance(input, BaseModel | Mapping):
+            raise InvalidRunInputError(
+                f"a task's input is its argument, a pydantic model or a mapping; got "
+                f"{type(input).__name__}"
+            )
+        return await self.start_run(task_id, task_input(input), version=version, run_id=run_id)
 
     async def _start(
         self,
