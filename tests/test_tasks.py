@@ -102,3 +102,34 @@ async def test_a_task_input_that_does_not_fit_is_said_to_the_run(
     result = await asyncio.wait_for(run.result(), 30)
     assert (result.output or "").startswith("error: invalid arguments for 'refund_order'")
     assert ledger.refunds == []
+
+
+async def test_an_agent_owns_a_task_as_a_child_run_with_its_typed_argument(
+    client: DurableClient, runtimes: Runtimes
+) -> None:
+    from durably import Agent, AgentRegistration, FunctionModel, ModelRequest
+    from durably.messages import AssistantMessage, ToolCall
+    from durably.models import last_tool_results
+
+    ledger = Ledger()
+    registrations = ledger.registrations()
+    refund_task = registrations[0].agent.tools[0]
+
+    def clerk(request: ModelRequest) -> AssistantMessage:
+        results = last_tool_results(request)
+        if results:
+            return AssistantMessage(content=f"refund made: {results[0].content}")
+        call = ToolCall(id="t", name="refund_order", arguments={"order": "C", "cents": 9})
+        return AssistantMessage(tool_calls=(call,))
+
+    owner = Agent(
+        id="clerk", model=FunctionModel(clerk, name="tasks.clerk"), instructions="",
+        tasks=[refund_task],
+    )  # fmt: skip
+    await runtimes.start([*registrations, AgentRegistration(owner, version="1")])
+    parent = await client.start_run("clerk", "refund order C")
+
+    result = await asyncio.wait_for(parent.result(), 30)
+    [(order, op)] = ledger.refunds
+    assert order == "C" and op.startswith(f"{parent.run_id}/")  # the child run, named by the call
+    assert result.output is not None and '"refund_id":"R-C"' in result.output

@@ -57,7 +57,9 @@ def policy_digest(pin: AgentPin) -> str:
                 "signed_approval": t.signed_approval,
                 "output_schema": t.output_schema,
                 # Named only when set, so pins from before subagents keep their digest.
-                **({"subagent": t.subagent.model_dump()} if t.subagent else {}),
+                **(
+                    {"subagent": t.subagent.model_dump(exclude_defaults=True)} if t.subagent else {}
+                ),
             }
             for name, t in pin.tools.items()
         },

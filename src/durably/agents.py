@@ -123,6 +123,7 @@ class Agent:
     context_window: Callable[[Sequence[Message]], Sequence[Message]] | None = None
     max_parallel_tools: int | None = None
     subagents: Sequence[Subagent | str] = ()
+    tasks: Sequence[Tool[Any]] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
@@ -155,7 +156,9 @@ class Agent:
             )
         subagents = tuple(s if isinstance(s, Subagent) else Subagent(s) for s in self.subagents)
         object.__setattr__(self, "subagents", subagents)
+        object.__setattr__(self, "tasks", tuple(self.tasks))
         names = [t.name for t in self.tools] + [s.name for s in subagents]
+        names += [t.name for t in self.tasks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise RegistrationError(
@@ -176,7 +179,11 @@ class Agent:
             ToolSpec(name=t.name, description=t.description, parameters=t.input_schema)
             for t in self.tools
         )
-        return own + tuple(s.spec for s in self._subagents)
+        owned = tuple(
+            ToolSpec(name=t.name, description=t.description, parameters=t.input_schema)
+            for t in self.tasks
+        )
+        return own + tuple(s.spec for s in self._subagents) + owned
 
     @property
     def _subagents(self) -> tuple[Subagent, ...]:
@@ -345,6 +352,7 @@ class AgentRegistration:
             tools={
                 **{t.name: self._tool_policy(t) for t in self.agent.tools},
                 **{s.name: self._subagent_policy(s) for s in self.agent._subagents},
+                **{t.name: self._task_policy(t) for t in self.agent.tasks},
             },
             continue_as_new_events=self.continue_as_new_events,
             continue_as_new_bytes=self.continue_as_new_bytes,
@@ -381,6 +389,12 @@ class AgentRegistration:
             subagent=SubagentTarget(agent_id=s.agent_id, version=s.version),
         )
 
+    def _task_policy(self, t: Tool[Any]) -> ToolPolicy:
+        """An owned task: a child run of the task's registration, given the call's arguments."""
+        return self._subagent_policy(Subagent(t.name)).model_copy(
+            update={"subagent": SubagentTarget(agent_id=t.name, typed=True)}
+        )
+
     @functools.cached_property
     def _identity(self) -> dict[str, Any]:
         """Everything this registration builds, as plain JSON: what `fingerprint` hashes."""
@@ -405,6 +419,8 @@ class AgentRegistration:
                 }
                 for s in self.agent._subagents
             ]
+        if self.agent.tasks:  # likewise absent unless set
+            data["tasks"] = [tool_identity(t) for t in self.agent.tasks]
         window = self.agent.context_window
         if window is not None:  # likewise absent unless set
             data["context_window"] = (

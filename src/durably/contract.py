@@ -416,10 +416,12 @@ class ToolPolicy(_Model):
 
 
 class SubagentTarget(_Model):
-    """The agent (and version: None is the newest) a subagent tool's calls run."""
+    """The agent (and version: None is the newest) a subagent tool's calls run. `typed`:
+    a custom task owned by the agent, whose run takes the call's arguments as JSON."""
 
     agent_id: str
     version: str | None = None
+    typed: bool = False
 
 
 class ParentCall(_Model):

@@ -493,8 +493,9 @@ def _percent(match: re.Match[str]) -> str:
 def _call_errors(registration: AgentRegistration, calls: tuple[ToolCall, ...]) -> dict[str, str]:
     errors: dict[str, str] = {}
     delegates = {s.name for s in registration.agent._subagents}
+    owned = {t.name: t for t in registration.agent.tasks}
     for c in calls:
-        tool = registration.agent.tool(c.name)
+        tool = registration.agent.tool(c.name) or owned.get(c.name)
         if c.name in delegates:
             task = c.arguments.get("task") if c.raw_arguments is None else None
             if not isinstance(task, str) or not task.strip():

@@ -111,6 +111,7 @@ with workflow.unsafe.imports_passed_through():
         operation_id,
     )
     from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
+    from durably.tools import render_result
     from durably.workflows._activities import (
         describe,
         failure_details,
@@ -379,7 +380,11 @@ class AgentRunWorkflow:
                 WORKFLOW_TYPE,
                 RunInput(
                     agent_id=target.agent_id,
-                    input=str(call.arguments.get("task", "")),
+                    input=(
+                        render_result(call.arguments)
+                        if target.typed
+                        else str(call.arguments.get("task", ""))
+                    ),
                     version=target.version,
                     parent=ParentCall(run_id=self._run_id, operation=str(key)),
                 ).model_dump(mode="json", exclude_none=True),
