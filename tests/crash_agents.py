@@ -234,6 +234,32 @@ def delegate(request: ModelRequest) -> AssistantMessage:
     return AssistantMessage(tool_calls=(call,))
 
 
+def hand_off(request: ModelRequest) -> AssistantMessage:
+    """Journals each request, hands the work to `echoer`, then repeats what it said."""
+    results = last_tool_results(request)
+    journal(kind="model", agent="hand-off", turn=2 if results else 1)
+    if results:
+        return AssistantMessage(content=f"echoer said: {results[0].content}")
+    return AssistantMessage(
+        tool_calls=(ToolCall(id="e", name="echoer", arguments={"task": "say hi"}),)
+    )
+
+
+def _hand_off() -> list[AgentRegistration]:
+    echoer = Agent(
+        id="echoer",
+        model=FunctionModel(lambda r: AssistantMessage(content="hi"), name="crash.echoer"),
+        instructions="",
+    )
+    parent = Agent(
+        id="hand-off",
+        model=FunctionModel(hand_off, name="crash-tests.hand-off"),
+        instructions="",
+        subagents=["echoer"],
+    )
+    return [AgentRegistration(echoer, version="1"), AgentRegistration(parent, version="1")]
+
+
 def _delegator() -> AgentRegistration:
     agent = Agent(
         id="delegator",
@@ -245,6 +271,7 @@ def _delegator() -> AgentRegistration:
 
 
 registrations = [
+    *_hand_off(),
     TaskRegistration(manual_hang, version="1"),  # the task run `manual_hang`
     _delegator(),
     _fan_out(),

@@ -317,6 +317,28 @@ class TestSubagentCrash:
         assert len(crashes.journal(kind="tool", tool="manual_hang")) == 1  # never run twice
 
 
+class TestChildStartCrash:
+    async def test_a_worker_killed_around_a_childs_start_leaves_exactly_one_child(
+        self, crashes: Crashes, client: DurableClient
+    ) -> None:
+        """SIGKILL as the parent's model answered with the subagent call: the child's
+        start command is sent, or not yet, when the worker dies; either way another
+        worker finishes the parent with exactly one child."""
+        first = crashes.worker()
+        parent = await client.start_run("hand-off", "greet through echoer")
+        await crashes.until_journal(kind="model", agent="hand-off", turn=1)
+        first.kill()
+        crashes.worker()
+
+        result = await asyncio.wait_for(parent.result(), 60)
+        assert result.output == "echoer said: hi"
+        child_id = await operation_id(client, parent, "tool:1:e")
+        executions = [
+            w.run_id async for w in client.temporal.list_workflows(f'WorkflowId = "{child_id}"')
+        ]
+        assert len(executions) == 1
+
+
 class TestTaskCrash:
     async def test_a_manual_task_interrupted_parks_and_resolves_like_a_tool(
         self, crashes: Crashes, client: DurableClient
