@@ -162,6 +162,8 @@ class TestDelegation:
         assert refunder_id in (snap.current or "") and "approval:1:r" in (snap.current or "")
         inbox = [i for i in await client.inbox() if i.run_id == refunder_id]
         assert [(i.kind, i.parent_run_id) for i in inbox] == [("approval", parent.run_id)]
+        listed = [r for r in await client.list_runs(agent_id="refunder") if r.run_id == refunder_id]
+        assert [r.parent_run_id for r in listed] == [parent.run_id]
         target = client.temporal.service_client.config.target_host
         shown = await cli(
             sys.executable, "-m", "durably", "runs", "show", parent.run_id, "--target", target

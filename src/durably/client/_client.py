@@ -566,6 +566,7 @@ def _unreadable(run: RunSummary, err: Exception) -> list[InboxItem]:
 def _summary(e: WorkflowExecution) -> RunSummary:
     sa = e.typed_search_attributes
     status = sa.get(SA_STATUS)
+    session = sa.get(SA_SESSION)
     return RunSummary(
         run_id=e.id,
         agent_id=sa.get(SA_AGENT),
@@ -574,7 +575,9 @@ def _summary(e: WorkflowExecution) -> RunSummary:
         started_at=e.start_time,
         closed_at=e.close_time if isinstance(e.close_time, datetime) else None,
         fingerprint=sa.get(SA_FINGERPRINT),
-        session_id=sa.get(SA_SESSION),
+        session_id=session,
+        # A session's runs are its children too; a subagent's run is a run's.
+        parent_run_id=e.parent_id if e.parent_id and e.parent_id != session else None,
     )
 
 
