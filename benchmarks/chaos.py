@@ -5,11 +5,16 @@ What it does:
 - starts its own Temporal dev server (`durably.dev.DevServer`, SQLite file in
   a temp dir, free ports), its own deduplicating ticket service (HTTP), and N
   `durably worker` processes hosting `chaos_agents:registrations`;
-- starts `--runs` runs of five scripted agents mixing safe, idempotent and
+- starts `--runs` runs of six scripted agents mixing safe, idempotent and
   manual tools and a manual tool that needs approval (at most `--in-flight`
   unfinished at once), in a fixed rotation; one of them (`parallel`) answers
   several calls at once, two or three of them manual, which durably runs
   concurrently, so one kill can leave several manual calls of a run blocked;
+  another (`delegate`) hands a task to its subagent `payout` beside a manual
+  call of its own: durably starts `payout`'s run as a child workflow, whose
+  manual transfer, ticket and refund (approval) are journaled like any run's;
+  every other `delegate` run's child finds the payee register down, fails,
+  and parks its parent (`subagent_failed`);
 - a killer SIGKILLs a worker every 3-8 s (1.5-3 s with `--small`), every
   other time one that is inside a manual call if there is one (one inside
   several manual calls of one run first), and starts a new one; a
@@ -26,7 +31,12 @@ What it does:
   that ran the call (the worker identity in the run's history) is dead or
   wrote `aborted` -> `{"type": "rerun"}`; anything else -> leave it blocked
   and look again later. A run that fails is retried, and counted as a
-  violation: killed workers must never fail a run.
+  violation: killed workers must never fail a run. Child runs are runs of
+  their own: the operator finds them in the run list (by their agent id) and
+  from their parent's snapshot (`children`, and the `subagent_failed`
+  attention's `child_run_id`), and handles them by their own run id, as any
+  run; a child that failed because the payee register is down (on purpose)
+  gets the register fixed and `retry()`, and its parent goes on by itself.
 
 Afterwards it checks, against the tools' journals, the ticket service and the
 runs' histories and outputs: no run lost, no duplicate effect of the
@@ -35,11 +45,14 @@ operator asked for after proving no effect), every interrupted manual call
 was resolved while its run was `needs_attention`, no denied call ran, every
 output agrees with the journal, holds a result for every call of its
 agent's script and was built from a transcript with each call's result, once,
-in the model's call order, and every run completed. It prints the counts
-and exits 1 on any violation.
+in the model's call order, and every run completed; and for each delegating
+run: exactly one child workflow per subagent call (listed by id prefix
+`{run}/`), completed, its output the call's result in the parent's output,
+and its usage in the parent's. It prints the counts and exits 1 on any
+violation.
 
 Run: ``python benchmarks/chaos.py [--runs 300] [--workers 3] [--small] [--keep]``
-(``--small``: 50 runs, ten of each agent, at most 20 in flight, for CI; ``--no-model-retry``
+(``--small``: 60 runs, ten of each agent, at most 20 in flight, for CI; ``--no-model-retry``
 registers the agents without `model_retry`, durably's default).
 """
 
@@ -61,7 +74,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -72,7 +85,7 @@ from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, Telemetr
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably import DurableClient, RunHandle, RunStatus
-from durably.contract import RespondRequest, RunResult
+from durably.contract import RespondRequest, RunResult, RunSnapshot
 from durably.dev import DevServer, die_with_parent, signal_group
 from durably.errors import DurableConflictError, DurablyError
 
@@ -127,25 +140,36 @@ class TicketService:
 
     `natural` (run id + ticket title) names the logical call, so a ticket
     opened twice for one call under different operation_ids shows up too.
+
+    It is also the payee register a `payout` run checks when its task says the
+    register is down (`/payees`): down for that run until the operator `fix`es it.
     """
 
     def __init__(self) -> None:
         self.tickets: dict[str, str] = {}
         self.requests: Counter[str] = Counter()
         self.natural: defaultdict[str, set[str]] = defaultdict(set)
+        self.fixed: set[str] = set()  # runs whose payee register the operator fixed
+        self.down: Counter[str] = Counter()  # run -> payee checks refused
         self.lock = threading.Lock()
         service = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                answer: dict[str, Any]
                 with service.lock:
-                    service.requests[body["key"]] += 1
-                    service.natural[body["natural"]].add(body["key"])
-                    ticket = service.tickets.setdefault(
-                        body["key"], f"T-{len(service.tickets) + 1}"
-                    )
-                payload = json.dumps({"ticket_id": ticket}).encode()
+                    if self.path == "/payees":
+                        answer = {"fixed": body["run"] in service.fixed}
+                        service.down[body["run"]] += not answer["fixed"]
+                    else:
+                        service.requests[body["key"]] += 1
+                        service.natural[body["natural"]].add(body["key"])
+                        ticket = service.tickets.setdefault(
+                            body["key"], f"T-{len(service.tickets) + 1}"
+                        )
+                        answer = {"ticket_id": ticket}
+                payload = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -159,6 +183,10 @@ class TicketService:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def fix(self, run_id: str) -> None:
+        with self.lock:
+            self.fixed.add(run_id)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -195,10 +223,16 @@ class Journal:
 
 
 def _run_op(operation_id: str) -> str:
-    """`{run_id}/{checkpoint key}` of an operation id, which since 0.1.0 also holds the
-    chain's first run id between them (chaos run ids hold no "/")."""
-    run_id, *_, key = operation_id.split("/")
+    """`{run_id}/{checkpoint key}` of an operation id `{run_id}/{first run id}/{key}`. A
+    child run's id is its parent's call's operation id, so it holds "/" itself: the
+    chain's first run id and the key hold none, so the id splits from the right."""
+    run_id, _first, key = operation_id.rsplit("/", 2)
     return f"{run_id}/{key}"
+
+
+def _op_run(op: str) -> str:
+    """The run id of a `{run_id}/{checkpoint key}`."""
+    return op.rsplit("/", 1)[0]
 
 
 # -- worker processes ------------------------------------------------------------------
@@ -338,6 +372,13 @@ class Tally:
     most_pending: Counter[str] = field(default_factory=Counter)  # run -> most pending at once
     batch_signals: int = 0  # signals that answered several interactions at once
     resolve_conflicts: int = 0  # resolve_tool refused (the run moved on): look again later
+    # Subagents: child run -> parent, as the operator found it, and how.
+    child_parent: dict[str, str] = field(default_factory=dict)
+    children_from_list: set[str] = field(default_factory=set)  # listed (by agent id)
+    listed_without_parent: set[str] = field(default_factory=set)  # RunSummary.parent_run_id
+    children_from_parent: set[str] = field(default_factory=set)  # parent's children
+    parents_parked: set[str] = field(default_factory=set)  # seen with subagent_failed
+    children_fixed: Counter[str] = field(default_factory=Counter)  # child -> register fixes
 
 
 class Soak:
@@ -363,7 +404,8 @@ class Soak:
         self.workers = Workers(size.workers, self.server.address, tmp, env)
         self.client: DurableClient | None = None
         self.run_ids: list[str] = []
-        self.agent_of: dict[str, str] = {}  # run id -> agent id
+        self.agent_of: dict[str, str] = {}  # run id -> agent id (children too, in verify)
+        self.flaky: set[str] = set()  # delegating runs whose child finds the register down
         self.completed: set[str] = set()
         self.tally = Tally()
         self.chaos = asyncio.Lock()  # held by the server restart: no kills meanwhile
@@ -373,6 +415,8 @@ class Soak:
         self.rng = random.Random()
         self.signalled: dict[str, float] = {}  # interaction key -> when signalled
         self.busy: set[str] = set()  # runs the operator is handling right now
+        self.spawn: Callable[[str], None] = lambda run_id: None  # the operator: attend a run
+        self.delegation_stats: Counter[str] = Counter()
         self.driver_errors: list[str] = []
         self.server_down = False
 
@@ -456,17 +500,26 @@ class Soak:
     # -- drivers ------------------------------------------------------------------------
 
     async def starter(self) -> None:
+        delegating = 0
         for i in range(self.size.runs):
             while len(self.run_ids) - len(self.completed) >= self.size.in_flight:
                 await self.tick.wait()
             agent_id = chaos_agents.AGENT_IDS[i % len(chaos_agents.AGENT_IDS)]
             run_id = f"chaos-{i:04d}-{agent_id}"
+            task = f"chaos run {run_id}"
+            if chaos_agents.SUBAGENTS.get(agent_id):
+                delegating += 1
+                if delegating % 2 == 0:  # every other one: its child fails until fixed
+                    task += f" {chaos_agents.FLAKY_PAYEE}"
+                    self.flaky.add(run_id)
 
-            async def start(agent_id: str = agent_id, run_id: str = run_id) -> None:
+            async def start(
+                agent_id: str = agent_id, run_id: str = run_id, task: str = task
+            ) -> None:
                 assert self.client is not None
                 # A conflict: an earlier try started it, and its answer was lost.
                 with contextlib.suppress(DurableConflictError):
-                    await self.client.start_run(agent_id, f"chaos run {run_id}", run_id=run_id)
+                    await self.client.start_run(agent_id, task, run_id=run_id)
 
             await self.retrying(f"start {run_id}", start)
             self.run_ids.append(run_id)
@@ -537,7 +590,7 @@ class Soak:
             elif entry["ev"] in ("done", "aborted"):
                 open_calls.discard(key)
         pids = {pid for pid, _ in open_calls}
-        per_run = Counter((pid, op.split("/", 1)[0]) for pid, op in open_calls)
+        per_run = Counter((pid, _op_run(op)) for pid, op in open_calls)
         several = {pid for (pid, _), n in per_run.items() if n > 1}
         return (
             [s for s in alive if s.proc is not None and s.proc.pid in pids],
@@ -615,15 +668,23 @@ class Soak:
             finally:
                 self.busy.discard(run_id)
 
+        def spawn(run_id: str) -> None:
+            """Attend the run in a task of its own, unless one is at it already."""
+            if run_id in self.busy:
+                return
+            self.busy.add(run_id)
+            task = asyncio.create_task(attend(run_id))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        self.spawn = spawn
         try:
-            await self.operate(tasks, attend)
+            await self.operate()
         finally:
             for task in tasks:
                 task.cancel()
 
-    async def operate(
-        self, tasks: set[asyncio.Task[None]], attend: Callable[[str], Coroutine[Any, Any, None]]
-    ) -> None:
+    async def operate(self) -> None:
         while True:
             try:
                 assert self.client is not None
@@ -634,33 +695,57 @@ class Soak:
             except RPC_ERRORS:
                 await asyncio.sleep(0.5)
                 continue
-            for run_id in {r.run_id for r in runs} - self.busy:
-                self.busy.add(run_id)
-                task = asyncio.create_task(attend(run_id))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+            for summary in runs:  # child runs among them: runs of their own
+                if summary.agent_id in chaos_agents.CHILD_AGENTS:
+                    self.tally.children_from_list.add(summary.run_id)
+                    if summary.parent_run_id is None:
+                        self.tally.listed_without_parent.add(summary.run_id)
+                self.spawn(summary.run_id)
             await asyncio.sleep(0.3)
+
+    def found_child(self, child_id: str, parent_id: str) -> None:
+        """A child run, found from its parent's snapshot."""
+        self.tally.child_parent.setdefault(child_id, parent_id)
+        self.tally.children_from_parent.add(child_id)
 
     async def attend(self, run_id: str) -> None:
         """Everything the run waits for at once: the calls of one model answer run
         concurrently, so a run may be blocked on several interrupted calls, have failed
-        ones, and wait for approvals, all at the same time (its status names the first)."""
+        ones, and wait for approvals, all at the same time (its status names the first).
+        A subagent's run is handled by its own id; its parent's snapshot names it."""
         run = RunHandle(self.temporal, run_id)
         snap = await run.snapshot()
         t = self.tally
         t.most_pending[run_id] = max(t.most_pending[run_id], len(snap.interactions))
         t.most_blocked[run_id] = max(t.most_blocked[run_id], len(snap.blocked_operations))
+        child_of_call: dict[str, str] = {}  # the parent's subagent call -> its child run
+        for child in snap.children:
+            child_of_call[child.operation] = child.run_id
+            self.found_child(child.run_id, run_id)
+            if child.status in ("waiting", "needs_attention", "failed"):
+                self.spawn(child.run_id)  # it waits for someone: attend it by its own id
         if snap.interactions:
             await self.answer(run_id, [i.model_dump(mode="json") for i in snap.interactions])
         if snap.status == RunStatus.NEEDS_ATTENTION:
             # `attention` says why the first blocked operation is; the others of a turn
-            # are interrupted tool calls too, or resolve_tool refuses them (logged).
+            # are interrupted tool calls too, subagent calls whose child failed, or
+            # resolve_tool refuses them (logged).
             reason = snap.attention.reason if snap.attention else "unknown"
-            if reason != "tool_interrupted" or not snap.blocked_operations:
+            if reason == "subagent_failed" and snap.attention is not None:
+                # The parent goes on by itself once its child runs again: mend the child.
+                t.parents_parked.add(run_id)
+                detail: dict[str, Any] = getattr(snap.attention, "detail", {}) or {}
+                child_id = str(detail.get("child_run_id", ""))
+                if child_id:
+                    self.found_child(child_id, run_id)
+                    self.spawn(child_id)
+            elif reason != "tool_interrupted" or not snap.blocked_operations:
                 t.other_attention[run_id] = reason
                 await run.retry()
                 return
             for key in snap.blocked_operations:  # one at a time; each on its own evidence
+                if key in child_of_call:  # a subagent call: its child is attended above
+                    continue
                 t.attention.setdefault((run_id, key), self.elapsed())
                 try:
                     await self.reconcile(run_id, key)
@@ -671,10 +756,36 @@ class Soak:
                     t.resolve_conflicts += 1
                     log(f"operator on {run_id}/{key}: {err}")
         if snap.status == RunStatus.FAILED or snap.failed_operations:
+            if self.register_down(snap):
+                # On purpose: fix the payee register, then retry the child.
+                self.tickets.fix(run_id)
+                await run.retry()
+                t.children_fixed[run_id] += 1
+                log(f"child {run_id} failed: the payee register is down; fixed it, retried")
+                return
             t.failed_retried[run_id] += 1
             t.failed_errors.append(f"{run_id}: {snap.failed_operations} {snap.error}")
             log(f"run {run_id} failed ({snap.failed_operations}: {snap.error}); retrying it")
             await run.retry()
+
+    def register_down(self, snap: RunSnapshot) -> bool:
+        """A child run failed on purpose: only its payee checks failed, the register
+        refused this run's checks, and no retry after fixing it was accepted yet. (The
+        error names the last attempt: the register's refusal, or a heartbeat timeout when
+        a kill cut that attempt.)"""
+        script = chaos_agents.SCRIPTS.get(snap.agent_id, [])
+        tools = {
+            f"tool:{turn}:t{turn}-{n}": name
+            for turn, calls in enumerate(script, start=1)
+            for n, (name, _) in enumerate(calls, start=1)
+        }
+        return (
+            snap.parent_run_id is not None
+            and bool(snap.failed_operations)
+            and all(tools.get(key) == "verify_payee" for key in snap.failed_operations)
+            and self.tickets.down[snap.run_id] > 0
+            and self.tally.children_fixed[snap.run_id] == 0
+        )
 
     async def answer(self, run_id: str, interactions: list[dict[str, Any]]) -> None:
         """Approve or deny each pending approval not signalled lately: one signal, or one
@@ -760,12 +871,75 @@ class Soak:
 
     # -- the checks -----------------------------------------------------------------------
 
+    def check_delegation(
+        self, d: Delegation, outputs: dict[str, dict[str, Any]], problems: list[str]
+    ) -> dict[str, str]:
+        """Each delegating run: one child workflow per subagent call, no other under its
+        id, the child's output the call's result, its usage in the parent's; the children
+        whose register was down were fixed and retried, the others never found it down.
+        Returns each subagent call's op (`{run}/{key}`) -> its child run id."""
+        stats = self.delegation_stats
+        call_child: dict[str, str] = {}
+        for run_id in self.run_ids:
+            calls = subagent_calls(self.agent_of[run_id])
+            direct: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
+            for workflow_id, execution in d.listed.get(run_id, []):
+                rest = workflow_id[len(run_id) + 1 :]  # `{first run id}/{key}` for a child
+                direct[rest.split("/")[-1] if rest.count("/") == 1 else rest].append(
+                    (workflow_id, execution)
+                )
+            for key in sorted(set(direct) - set(calls)):
+                stats["workflows under a run's id that no call started"] += 1
+                problems.append(f"{run_id}: workflows {direct[key]} no subagent call started")
+            for key in calls:
+                stats["subagent calls"] += 1
+                expected = f"{run_id}/{d.first_run.get(run_id)}/{key}"
+                call_child[f"{run_id}/{key}"] = expected
+                found = direct.get(key, [])
+                if [w for w, _ in found] != [expected]:
+                    stats["subagent calls without exactly one child workflow"] += 1
+                    problems.append(f"{run_id}/{key}: child workflows {found}, not [{expected}]")
+                named = {d.parent_named.get(expected), self.tally.child_parent.get(expected)}
+                if named - {None} != {run_id}:
+                    stats["children naming another parent"] += 1
+                    problems.append(f"{expected}: its parent is {named}, not {run_id}")
+                parent, child = d.results.get(run_id), d.results.get(expected)
+                if parent is None or child is None:
+                    continue  # not completed: counted as lost
+                got = outputs.get(run_id, {}).get("results", {}).get(key)
+                if got != {"content": child.output, "error": False}:
+                    stats["parents without their child's output"] += 1
+                    problems.append(
+                        f"{run_id}/{key}: result {got}, the child said {child.output!r}"
+                    )
+                own = len(chaos_agents.SCRIPTS[self.agent_of[run_id]]) + 1  # model answers
+                if parent.usage.requests != own + child.usage.requests:
+                    stats["parents whose usage lacks their child's"] += 1
+                    problems.append(
+                        f"{run_id}: {parent.usage.requests} model requests, not its own {own} "
+                        f"+ its child's {child.usage.requests}"
+                    )
+                fixed = self.tally.children_fixed[expected]
+                down = self.tickets.down[expected]
+                if run_id in self.flaky:
+                    stats["children failed on purpose (register down), fixed, retried"] += 1
+                    if not (fixed and down):
+                        problems.append(
+                            f"{expected}: register down, yet fixed {fixed}, refused {down}"
+                        )
+                elif fixed or down:
+                    problems.append(f"{expected}: register up, yet fixed {fixed}, refused {down}")
+        return call_child
+
     async def verify(self, soak_s: float) -> int:
         self.journal.refresh()
         gate = asyncio.Semaphore(16)
         outputs: dict[str, dict[str, Any]] = {}
         statuses: dict[str, str] = {}
         resolutions: defaultdict[str, list[str]] = defaultdict(list)  # op -> types
+        results: dict[str, RunResult] = {}
+        first_run: dict[str, str] = {}  # run id -> its chain's first Temporal run id
+        listed: dict[str, list[tuple[str, str]]] = {}  # run -> (workflow id, run) by prefix
 
         async def inspect(run_id: str) -> None:
             async with gate:
@@ -775,6 +949,7 @@ class Soak:
                 except RPCError as err:
                     statuses[run_id] = f"not found ({err})"
                     return
+                first_run[run_id] = desc.raw_description.workflow_execution_info.first_run_id
                 if desc.status != WorkflowExecutionStatus.COMPLETED:
                     statuses[run_id] = desc.status.name if desc.status else "unknown"
                     with contextlib.suppress(*RPC_ERRORS):
@@ -787,6 +962,7 @@ class Soak:
                     return
                 statuses[run_id] = "completed"
                 result: RunResult = await self.retrying(f"result {run_id}", handle.result)
+                results[run_id] = result
                 outputs[run_id] = json.loads(result.output or "{}")
                 history = await self.retrying(f"history {run_id}", handle.fetch_history)
                 for event in history.events:
@@ -799,8 +975,43 @@ class Soak:
                     body = json.loads(update.args.payloads[0].data)
                     resolutions[f"{run_id}/{body['operation']}"].append(body["resolution"]["type"])
 
+        async def list_children(run_id: str) -> None:
+            """Every workflow in the namespace whose id starts with `{run_id}/`."""
+            query = f'WorkflowId STARTS_WITH "{run_id}/"'
+
+            async def listing() -> list[tuple[str, str]]:
+                return [(w.id, w.run_id) async for w in self.temporal.list_workflows(query)]
+
+            async with gate:
+                listed[run_id] = await self.retrying(f"children of {run_id}", listing)
+
         await asyncio.gather(*(inspect(r) for r in self.run_ids))
-        return self.report(soak_s, outputs, statuses, resolutions)
+        await asyncio.gather(*(list_children(r) for r in self.run_ids))
+        # The child runs: the one each subagent call should have started (its id is the
+        # call's operation id), and whatever else the namespace holds under a run's id.
+        children: dict[str, str] = {}  # child run id -> parent run id
+        for run_id in self.run_ids:
+            calls = subagent_calls(self.agent_of[run_id])
+            if run_id in first_run:
+                for key in calls:
+                    children[f"{run_id}/{first_run[run_id]}/{key}"] = run_id
+            for workflow_id, _ in listed.get(run_id, []):
+                children.setdefault(workflow_id, run_id)
+        for child_id, parent_id in children.items():
+            key = child_id.rsplit("/", 1)[1]
+            self.agent_of[child_id] = subagent_calls(self.agent_of[parent_id]).get(key, "?")
+        await asyncio.gather(*(inspect(c) for c in children))
+        parent_named: dict[str, str | None] = {}  # child -> its snapshot's parent_run_id
+
+        async def parent_of(child_id: str) -> None:
+            async with gate:
+                run = RunHandle(self.temporal, child_id)
+                snap = await self.retrying(f"snapshot {child_id}", run.snapshot)
+                parent_named[child_id] = snap.parent_run_id
+
+        await asyncio.gather(*(parent_of(c) for c in children if statuses[c] == "completed"))
+        delegation = Delegation(children, listed, results, first_run, parent_named)
+        return self.report(soak_s, outputs, statuses, resolutions, delegation)
 
     def report(
         self,
@@ -808,6 +1019,7 @@ class Soak:
         outputs: dict[str, dict[str, Any]],
         statuses: dict[str, str],
         resolutions: dict[str, list[str]],
+        delegation: Delegation,
     ) -> int:
         t = self.tally
         problems: list[str] = []
@@ -822,6 +1034,12 @@ class Soak:
         lost = [r for r in self.run_ids if statuses.get(r) != "completed"]
         for r in lost:
             problems.append(f"run {r} did not complete: {statuses.get(r)}")
+        child_runs = sorted(delegation.children)
+        lost_children = [c for c in child_runs if statuses.get(c) != "completed"]
+        for c in lost_children:
+            problems.append(f"child run {c} did not complete: {statuses.get(c)}")
+        delegated = self.check_delegation(delegation, outputs, problems)
+        ds = self.delegation_stats
 
         # Idempotent tool: one ticket per operation_id and per logical call.
         dup_idempotent = 0
@@ -905,8 +1123,10 @@ class Soak:
                 order_problems += 1
                 problems.append(f"{run_id}: the model's last transcript: {problem}")
             for key, result in results.items():
-                checked += 1
                 op = f"{run_id}/{key}"
+                if op in delegated:  # a subagent call: checked against its child's output
+                    continue
+                checked += 1
                 effects = [e for e in ops.get(op, []) if e["ev"] == "effect"]
                 tool = tool_of.get(op)
                 if result["error"]:
@@ -916,7 +1136,7 @@ class Soak:
                 elif tool in manual:
                     ok = bool(effects) and json.loads(result["content"]) == effects[-1]["result"]
                 else:
-                    ok = tool == "lookup_account"
+                    ok = tool in chaos_agents.SAFE_TOOLS
                 if not ok:
                     disagree += 1
                     problems.append(f"{op}: output {result} disagrees with the journal")
@@ -967,6 +1187,43 @@ class Soak:
                 sum(1 for n in t.most_pending.values() if n > 1),
             ),
             ("approval signals answering several at once", t.batch_signals),
+            ("subagent calls", ds["subagent calls"]),
+            ("child runs completed", len(child_runs) - len(lost_children)),
+            ("child runs lost", len(lost_children)),
+            (
+                "subagent calls without exactly one child workflow",
+                ds["subagent calls without exactly one child workflow"],
+            ),
+            (
+                "workflows under a run's id that no call started",
+                ds["workflows under a run's id that no call started"],
+            ),
+            ("children naming another parent", ds["children naming another parent"]),
+            ("parents without their child's output", ds["parents without their child's output"]),
+            (
+                "parents whose usage lacks their child's",
+                ds["parents whose usage lacks their child's"],
+            ),
+            (
+                "children failed on purpose (register down), fixed, retried",
+                ds["children failed on purpose (register down), fixed, retried"],
+            ),
+            ("  child retries", sum(t.children_fixed.values())),
+            ("  parents seen parked (subagent_failed)", len(t.parents_parked)),
+            (
+                "  child runs' manual calls seen needs_attention (tool_interrupted)",
+                sum(1 for run_id, _ in t.attention if run_id in delegation.children),
+            ),
+            (
+                "  child runs' approvals answered",
+                sum(1 for op in t.approved if _op_run(op) in delegation.children),
+            ),
+            ("child runs the operator found in the run list", len(t.children_from_list)),
+            ("child runs the operator found from the parent", len(t.children_from_parent)),
+            (
+                "  listed child runs whose RunSummary had no parent_run_id",
+                len(t.listed_without_parent),
+            ),
             ("resolve_tool refused, the operator looked again", t.resolve_conflicts),
             ("failed runs retried", sum(t.failed_retried.values())),
             ("kills", t.kills),
@@ -1000,6 +1257,28 @@ class Soak:
         if not kills_ok or t.server_restarts != 1:
             print("  note: fewer than 2 kills or no server restart; the soak was too short")
         return 1 if violations else 0
+
+
+@dataclass
+class Delegation:
+    """What the checks found of the subagents' runs."""
+
+    children: dict[str, str]  # child run id -> parent run id
+    listed: dict[str, list[tuple[str, str]]]  # run -> (workflow id, execution) by id prefix
+    results: dict[str, RunResult]  # completed runs, children too
+    first_run: dict[str, str]  # run id -> its chain's first Temporal run id
+    parent_named: dict[str, str | None]  # child -> its snapshot's parent_run_id
+
+
+def subagent_calls(agent_id: str) -> dict[str, str]:
+    """The checkpoint keys of the agent's subagent calls -> the subagent's agent id."""
+    subagents = chaos_agents.SUBAGENTS.get(agent_id, ())
+    return {
+        f"tool:{turn}:t{turn}-{n}": name
+        for turn, calls in enumerate(chaos_agents.SCRIPTS.get(agent_id, []), start=1)
+        for n, (name, _) in enumerate(calls, start=1)
+        if name in subagents
+    }
 
 
 def expected_keys(agent_id: str) -> list[str]:

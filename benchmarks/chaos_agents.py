@@ -12,6 +12,7 @@ how often and under which operation_id:
   and the process that started is dead (or wrote `aborted`)" proves the
   effect did not happen, and the operator may answer `{"type": "rerun"}`;
 - `aborted`: the tool saw `abort_signal` before its effect and gave up;
+- `down`: a payee check found the payee register down, and fails;
 - `done`: the tool returns its result.
 
 The idempotent tool's effect is a ticket in the soak's deduplicating HTTP
@@ -30,6 +31,18 @@ manual calls beside an idempotent and a safe one, then two calls that need
 approval beside a manual one), which durably runs concurrently (at most
 `PARALLEL_TOOLS` at a time): a kill then interrupts several manual calls of
 one run, which the operator resolves one at a time.
+
+The `delegate` agent owns a subagent, `payout` (never started by the soak
+itself: only as a `delegate` run's child). In its first answer `delegate`
+calls `payout` (the run's input as the task) beside a manual transfer of its
+own, then opens a ticket and answers; its output holds the child's final
+output as that call's result. `payout` checks the payee (`verify_payee`,
+safe) beside a ticket, then makes a manual transfer beside a refund that
+needs approval. When its task holds `FLAKY_PAYEE` (the soak gives it every
+other `delegate` run), the payee register is down until the operator fixes
+it: `verify_payee` fails for good, so the child fails and parks its parent
+(`subagent_failed`), until the operator fixes the register and retries the
+child.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import os
 import random
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -54,11 +67,18 @@ from durably import (
     FunctionModel,
     ModelRequest,
     ModelRetry,
+    Subagent,
     ToolContext,
     ToolRetry,
     tool,
 )
-from durably.messages import AssistantMessage, Message, ToolCall, ToolResultMessage
+from durably.messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 
 HEARTBEAT = timedelta(seconds=3)
 # Model requests retry through kills. `chaos.py --no-model-retry` registers none, as
@@ -143,6 +163,16 @@ class RefundReceipt(BaseModel):
     refund_id: str
 
 
+class Payee(BaseModel):
+    payee: str
+    flaky: bool = False
+
+
+class PayeeStatus(BaseModel):
+    payee: str
+    verified: bool
+
+
 @tool
 async def lookup_account(args: Account, ctx: ToolContext) -> Balance:
     """Read an account's balance (safe: reading again is harmless)."""
@@ -154,15 +184,25 @@ async def lookup_account(args: Account, ctx: ToolContext) -> Balance:
     return Balance(account=args.account, balance_cents=balance)
 
 
-def _post_ticket(operation_id: str, natural_key: str) -> str:
+def _post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST to the soak's service (`$CHAOS_DEDUP_URL`)."""
     request = urllib.request.Request(
-        os.environ["CHAOS_DEDUP_URL"] + "/tickets",
-        data=json.dumps({"key": operation_id, "natural": natural_key}).encode(),
+        os.environ["CHAOS_DEDUP_URL"] + path,
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
         method="POST",
     )
     with urllib.request.urlopen(request, timeout=10) as response:
-        return str(json.loads(response.read())["ticket_id"])
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
+
+
+def _post_ticket(operation_id: str, natural_key: str) -> str:
+    return str(_post("/tickets", {"key": operation_id, "natural": natural_key})["ticket_id"])
+
+
+# What a payee check fails with while the register is down.
+PAYEE_DOWN = "the payee register is down"
 
 
 @tool
@@ -178,6 +218,22 @@ async def create_ticket(args: Ticket, ctx: ToolContext) -> TicketId:
     await busy(ctx, 0.1, 0.7)
     journal("done", ctx, "create_ticket")
     return TicketId(ticket_id=ticket_id)
+
+
+@tool
+async def verify_payee(args: Payee, ctx: ToolContext) -> PayeeStatus:
+    """Check a payee in the payee register (safe). A `flaky` check fails, every attempt,
+    until the operator marks the run's register fixed in the soak's service."""
+    journal("start", ctx, "verify_payee")
+    await busy(ctx, 0.1, 0.5)
+    check_abort(ctx, "verify_payee")
+    if args.flaky:
+        answer = await asyncio.to_thread(_post, "/payees", {"run": ctx.run_id})
+        if not answer["fixed"]:
+            journal("down", ctx, "verify_payee")
+            raise RuntimeError(f"{PAYEE_DOWN} (chaos: fix it, then retry the run)")
+    journal("done", ctx, "verify_payee")
+    return PayeeStatus(payee=args.payee, verified=True)
 
 
 async def _manual(ctx: ToolContext, tool_name: str, result: BaseModel) -> None:
@@ -207,18 +263,25 @@ async def refund_payment(args: Refund, ctx: ToolContext) -> RefundReceipt:
     return receipt
 
 
-TOOLS = (lookup_account, create_ticket, transfer_funds, refund_payment)
+TOOLS = (lookup_account, verify_payee, create_ticket, transfer_funds, refund_payment)
 RECOVERY: dict[str, Any] = {
     "lookup_account": "safe",
+    "verify_payee": "safe",
     "create_ticket": "idempotent",
     "transfer_funds": "manual",
     "refund_payment": "manual",
 }
 MANUAL_TOOLS = frozenset(n for n, p in RECOVERY.items() if p == "manual")
+SAFE_TOOLS = frozenset(n for n, p in RECOVERY.items() if p == "safe")
 
 # -- agents ----------------------------------------------------------------------------
 
-Turn = list[tuple[str, dict[str, Any]]]
+# A call's arguments, or how the model makes them from the run's input (its task).
+Arguments = dict[str, Any] | Callable[[str], dict[str, Any]]
+Turn = list[tuple[str, Arguments]]
+
+# In a `payout` task: the payee register is down until the operator fixes it.
+FLAKY_PAYEE = "[payee register down]"
 
 SCRIPTS: dict[str, list[Turn]] = {
     "lookup-ticket": [
@@ -255,8 +318,31 @@ SCRIPTS: dict[str, list[Turn]] = {
             ("refund_payment", {"order": "C-3004", "amount_cents": 400}),
         ],
     ],
+    # Delegates to its subagent (a child run) beside a manual call of its own.
+    "delegate": [
+        [
+            ("payout", lambda task: {"task": f"pay acct-42 out; {task}"}),
+            ("transfer_funds", {"account": "acct-41", "amount_cents": 600}),
+        ],
+        [("create_ticket", {"title": "delegation follow-up"})],
+    ],
+    # `delegate`'s subagent: runs only as a child.
+    "payout": [
+        [
+            ("verify_payee", lambda task: {"payee": "acct-42", "flaky": FLAKY_PAYEE in task}),
+            ("create_ticket", {"title": "payout"}),
+        ],
+        [
+            ("transfer_funds", {"account": "acct-42", "amount_cents": 1100}),
+            ("refund_payment", {"order": "D-4004", "amount_cents": 300}),
+        ],
+    ],
 }
-AGENT_IDS = tuple(SCRIPTS)
+# Each agent's subagents (agent ids, each also the name of its tool).
+SUBAGENTS: dict[str, tuple[str, ...]] = {"delegate": ("payout",)}
+CHILD_AGENTS = frozenset(a for children in SUBAGENTS.values() for a in children)
+# The agents the soak starts runs of, in rotation.
+AGENT_IDS = tuple(a for a in SCRIPTS if a not in CHILD_AGENTS)
 # How many calls of one model answer run at once (fewer than the `parallel` agent's
 # first turn holds, so a call also waits for a slot); None elsewhere: all of them.
 PARALLEL_TOOLS = 3
@@ -312,9 +398,14 @@ def scripted(agent_id: str) -> FunctionModel:
     async def model(request: ModelRequest) -> AssistantMessage:
         await asyncio.sleep(random.uniform(0.02, 0.2))
         turn = 1 + sum(isinstance(m, AssistantMessage) for m in request.messages)
+        task = next((m.content for m in request.messages if isinstance(m, UserMessage)), "")
         if turn <= len(script):
             calls = tuple(
-                ToolCall(id=f"t{turn}-{n}", name=name, arguments=arguments)
+                ToolCall(
+                    id=f"t{turn}-{n}",
+                    name=name,
+                    arguments=arguments(task) if callable(arguments) else arguments,
+                )
                 for n, (name, arguments) in enumerate(script[turn - 1], start=1)
             )
             return AssistantMessage(tool_calls=calls)
@@ -324,23 +415,34 @@ def scripted(agent_id: str) -> FunctionModel:
 
 
 def _registration(agent_id: str) -> AgentRegistration:
-    used = {name for turn in SCRIPTS[agent_id] for name, _ in turn}
+    used = {name for turn in SCRIPTS[agent_id] for name, _ in turn} & set(RECOVERY)
     agent = Agent(
         id=agent_id,
         model=scripted(agent_id),
         instructions="Chaos soak agent: follow the script.",
         tools=[t for t in TOOLS if t.name in used],
+        subagents=[
+            Subagent(child, description=f"Hand a task to the {child} agent.")
+            for child in SUBAGENTS.get(agent_id, ())
+        ],
         max_turns=len(SCRIPTS[agent_id]) + 1,
         max_parallel_tools=PARALLEL_TOOLS if agent_id == "parallel" else None,
     )
+    # A payee check that fails for good (`FLAKY_PAYEE`) runs out of attempts in about
+    # 3 s; ten attempts still ride through kills (a killed attempt is one of them).
+    short = agent_id in CHILD_AGENTS
     return AgentRegistration(
         agent,
         version=VERSION,
         tool_recovery={name: RECOVERY[name] for name in used},
         model_retry=None if os.environ.get("CHAOS_NO_MODEL_RETRY") else MODEL_RETRY,
-        tool_retry=ToolRetry(max_attempts=10, initial_delay_ms=200, max_delay_ms=2000),
+        tool_retry=ToolRetry(
+            max_attempts=10,
+            initial_delay_ms=100 if short else 200,
+            max_delay_ms=400 if short else 2000,
+        ),
         heartbeat_timeout=HEARTBEAT,
     )
 
 
-registrations = [_registration(agent_id) for agent_id in AGENT_IDS]
+registrations = [_registration(agent_id) for agent_id in SCRIPTS]
