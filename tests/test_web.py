@@ -281,3 +281,37 @@ class TestSessions:
         assert kinds[-1] == "closed"
         text = "".join(m.data["text"] for m in seen if m.event == "text_delta")
         assert text == "Your order ships tomorrow." * 2
+
+
+class TestQuietStreams:
+    async def test_a_quiet_stream_stays_open_through_keep_alives(
+        self, client: DurableClient, runtimes: Runtimes, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A run that waits for a person sends nothing for a while: the stream sends
+        keep-alive comments and goes on, to the events after the answer."""
+        import durably.web
+
+        monkeypatch.setattr(durably.web, "_KEEP_ALIVE_S", 0.1)
+
+        def model(request: ModelRequest) -> AssistantMessage:
+            if last_tool_results(request):
+                return AssistantMessage(content="done")
+            call = ToolCall(id="r", name="refund", arguments={"order": "A"})
+            return AssistantMessage(tool_calls=(call,))
+
+        agent = Agent(
+            id="refunder", model=FunctionModel(model, name="web.quiet"), instructions="",
+            tools=[refund],
+        )  # fmt: skip
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("refunder", "refund A")
+        async with LiveServer(client, port=0) as server:
+            stream = await get(server.port, f"/runs/{run.run_id}/events")
+            reader = asyncio.create_task(read_all(stream))
+            snap = await wait_for_status(run, RunStatus.WAITING)
+            await asyncio.sleep(0.5)  # several keep-alive intervals of silence, on purpose
+            assert snap.interaction is not None
+            await run.approve(snap.interaction, responder="alice")
+            seen = await asyncio.wait_for(reader, 30)
+
+        assert [m.event for m in seen][-1] == "run_completed"

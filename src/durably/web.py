@@ -84,7 +84,12 @@ def parse_tokens(text: str) -> dict[str, str]:
 class _Feed:
     """One follower of one run or session, shared by every connection watching it."""
 
-    def __init__(self, source: AsyncIterator[LiveItem]) -> None:
+    def __init__(self, source: AsyncIterator[LiveItem], kind: str, after: int | None) -> None:
+        # What it follows, and from where: a feed started after an offset has nothing
+        # before it for a connection that wants more.
+        self.kind = kind
+        self.after = after
+        self.shared = True
         self.items: list[LiveItem] = []
         self.dropped = 0  # items let go from the front (past `_KEPT`)
         self.done = False
@@ -115,13 +120,25 @@ class _Feed:
 
     def covers(self, after: int | None) -> bool:
         """Whether a connection resuming after `after` finds everything it needs here."""
+        if self.after is not None and (after is None or after < self.after):
+            return False  # it started later than this connection wants
         if self.dropped == 0:
             return True
-        return after is not None and bool(self.items) and self.items[0].offset <= after + 1
+        first = next((i for i in self.items if self._resumable(i)), None)
+        return after is not None and first is not None and first.offset <= after + 1
+
+    def _resumable(self, item: LiveItem) -> bool:
+        """Whether `item`'s offset is the one `Last-Event-ID` counts: a run's events, or a
+        session's own (its runs' events carry their run's offsets)."""
+        if self.kind == "session":
+            return isinstance(item.event, SessionLiveEvent)
+        return item.event.type != "text_delta"
 
     async def read(self, after: int | None) -> AsyncIterator[LiveItem]:
-        """The items after offset `after`, then each new one, until the follower ends."""
+        """The items after offset `after`, then each new one, until the follower ends. In
+        a session's feed, everything after the first session event past `after`."""
         seen = self.dropped  # items seen, counted from the feed's first
+        past = after is None
         while True:
             async with self._changed:
                 await self._changed.wait_for(partial(self._past, seen))
@@ -129,7 +146,9 @@ class _Feed:
                 seen = self.dropped + len(self.items)
                 done = self.done
             for item in new:
-                if after is None or item.offset > after:
+                if not past and self._resumable(item) and after is not None:
+                    past = item.offset > after
+                if past and (self.kind == "session" or after is None or item.offset > after):
                     yield item
             if done and seen >= self.dropped + len(self.items):
                 return
@@ -158,10 +177,12 @@ class _Hub:
             source = (await self.client.get_session(ident)).events(after=after)
         else:
             source = (await self.client.get_run(ident)).events(after=after)
-        feed = _Feed(source)
+        feed = _Feed(source, kind, after)
         self.started += 1
         if existing is None or existing.error:
             self.feeds[key] = feed
+        else:  # this connection's alone: it stops when the connection ends
+            feed.shared = False
         return feed
 
     def sweep(self, now: float) -> None:
@@ -328,13 +349,19 @@ async def _sse(feed: _Feed, after: int | None, hub: _Hub, kind: str) -> AsyncIte
     events, or a session's own (its runs' events are replayed from a session offset)."""
     feed.watchers += 1
     items = feed.read(after).__aiter__()
+    pending: asyncio.Task[LiveItem] | None = None
     try:
         while True:
-            try:
-                item = await asyncio.wait_for(anext(items), _KEEP_ALIVE_S)
-            except TimeoutError:
+            # One task per item, waited on with a timeout but never cancelled by it:
+            # cancelling the generator's `anext` would end the generator.
+            pending = pending or asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({pending}, timeout=_KEEP_ALIVE_S)
+            if not done:
                 yield b": keep-alive\n\n"
                 continue
+            task, pending = pending, None
+            try:
+                item = task.result()
             except StopAsyncIteration:
                 if feed.error:
                     yield _message("error", {"error": feed.error}, None)
@@ -347,9 +374,13 @@ async def _sse(feed: _Feed, after: int | None, hub: _Hub, kind: str) -> AsyncIte
             data = event.model_dump(mode="json")
             yield _message(event.type, data, item.offset if resumable else None)
     finally:
+        if pending is not None:
+            pending.cancel()
         feed.watchers -= 1
         if feed.watchers == 0:
             feed.idle_since = asyncio.get_running_loop().time()
+            if not feed.shared:
+                feed.stop()
         hub.sweep(asyncio.get_running_loop().time())
         with contextlib.suppress(Exception):
             await items.aclose()  # type: ignore[attr-defined]
