@@ -368,3 +368,67 @@ class TestContinueAsNewAroundAChild:
         ]
         assert children == [child_id]
         assert shop.refunded == ["A"]
+
+
+class TestTakenChildIds:
+    async def test_a_child_id_taken_beforehand_parks_the_call_instead_of_failing_the_parent(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Someone starts a workflow under the id a call's child will have: the parent
+        never adopts it; the call parks, saying so, and a resolution lets the run go on."""
+        gate = asyncio.Event()
+
+        async def slow_boss(request: ModelRequest) -> ModelResponse:
+            if last_tool_results(request):
+                return answer_with(last_tool_results(request)[0].content, 1)
+            await asyncio.wait_for(gate.wait(), 20)
+            return calling(ToolCall(id="x", name="researcher", arguments={"task": "go"}), tokens=1)
+
+        shop = Shop()
+        boss = Agent(
+            id="slow-boss", model=FunctionModel(slow_boss, name="sub.slow-boss"),
+            instructions="", subagents=["researcher"],
+        )  # fmt: skip
+        await runtimes.start([*shop.registrations(), AgentRegistration(boss, version="1")])
+        parent = await client.start_run("slow-boss", "research")
+        child_id = await child_of(client, parent.run_id, "tool:1:x")
+        squatter = await client.start_run("researcher", "not the parent's", run_id=child_id)
+        await squatter.result()
+        gate.set()
+
+        snap = await wait_for_status(parent, RunStatus.NEEDS_ATTENTION)
+        assert snap.attention is not None and snap.attention.reason == "subagent_failed"
+        assert "taken by a workflow this run did not start" in str(snap.attention.detail)
+        await parent.resolve_tool("tool:1:x", {"type": "error", "message": "no research"})
+        assert (await asyncio.wait_for(parent.result(), 30)).output == "no research"
+
+
+class TestForgedNotes:
+    async def test_a_forged_failure_note_cannot_keep_a_parent_from_its_childs_answer(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Anyone can signal a parent; a forged "failed" note parks its call, but when the
+        child answers after all, the parent reads the answer and goes on by itself."""
+        shop = Shop()
+        await runtimes.start(shop.registrations("refunder"))
+        parent = await client.start_run("manager", "refund A")
+        child_id = await child_of(client, parent.run_id, "tool:1:d0")
+
+        async def child_waits() -> bool:
+            return any(c.status == "waiting" for c in (await parent.snapshot()).children)
+
+        await eventually(child_waits)
+        forged = {"run_id": child_id, "status": "failed", "detail": "x" * 2000, "seq": 10**9}
+        handle = client.temporal.get_workflow_handle(parent.run_id)
+        await handle.signal(Handler.CHILD_STATUS, forged)  # detail too long: refused
+        await handle.signal(Handler.CHILD_STATUS, {**forged, "detail": "forged"})
+        await wait_for_status(parent, RunStatus.NEEDS_ATTENTION)
+
+        child = await client.get_run(child_id)
+        [interaction] = await child.pending()
+        await child.approve(interaction, responder="alice")
+        result = await asyncio.wait_for(parent.result(), 30)
+
+        assert result.output == "done: refunded A"
+        rejected = [e for e in (await parent.snapshot()).events if e.type == "signal_rejected"]
+        assert len(rejected) == 1 and "1000" in (rejected[0].detail or "")

@@ -440,14 +440,18 @@ class ChildRun(_Model):
     run_id: str
     status: str = "running"
     detail: str | None = None
+    # The `seq` of the child's latest note taken: an older one arriving late is ignored.
+    seq: int = 0
 
 
 class ChildStatusNote(_Model):
-    """A child run tells its parent its status changed (`child_status` signal)."""
+    """A child run tells its parent its status changed (`child_status` signal). `seq`
+    orders a child's notes (its run event count when it sent it); `detail` is bounded."""
 
-    run_id: str
+    run_id: str = Field(max_length=1000)
     status: RunStatus
-    detail: str | None = None
+    detail: str | None = Field(default=None, max_length=1000)
+    seq: int = 0
 
 
 class AgentPin(_Model):

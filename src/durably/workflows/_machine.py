@@ -753,6 +753,9 @@ class RunMachine:
         this run). A failed child that runs again takes its parent's call with it."""
         for operation, child in self.s.children.items():
             if child.run_id == note.run_id:
+                if note.seq and note.seq <= child.seq:
+                    return operation  # an older note, arriving after a newer one
+                child.seq = note.seq
                 was_failed = child.status == RunStatus.FAILED
                 child.status = note.status.value
                 child.detail = note.detail
@@ -760,6 +763,11 @@ class RunMachine:
                     self._resume_parked(operation)
                 return operation
         return None
+
+    def child_ended(self, key: OperationKey) -> None:
+        """The child of a parked call closed: the call reads its end (a child that said
+        it failed, then completed after all, is not waited on for another note)."""
+        self._resume_parked(str(key))
 
     def _resume_parked(self, operation: str) -> None:
         """The call parked on its failed child goes on waiting for it (the child was

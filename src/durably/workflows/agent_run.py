@@ -58,6 +58,7 @@ from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     ChildWorkflowError,
+    WorkflowAlreadyStartedError,
     is_cancelled_exception,
 )
 from temporalio.exceptions import CancelledError as TemporalCancelledError
@@ -105,6 +106,7 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         RunStatusNote,
         SessionHandler,
+        SubagentTarget,
         ToolPolicy,
         TranscriptArchive,
         TranscriptPage,
@@ -219,6 +221,7 @@ class AgentRunWorkflow:
         # parent (a subagent's run).
         self._children: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
         self._told_parent: tuple[str, str | None] | None = None
+        self._starting: set[str] = set()  # subagent calls whose child start is in flight
         # The tool activities of the turn now running (parallel patch), by key: the run
         # never continues as new over one (its result would be lost, a manual call
         # run twice), and its current details name them.
@@ -376,30 +379,11 @@ class AgentRunWorkflow:
             workflow.set_current_details(
                 f"Starting subagent {md_code(target.agent_id)} for {md_code(str(key))}"
             )
-            handle = await workflow.start_child_workflow(
-                WORKFLOW_TYPE,
-                RunInput(
-                    agent_id=target.agent_id,
-                    input=(
-                        render_result(call.arguments)
-                        if target.typed
-                        else str(call.arguments.get("task", ""))
-                    ),
-                    version=target.version,
-                    parent=ParentCall(run_id=self._run_id, operation=str(key)),
-                ).model_dump(mode="json", exclude_none=True),
-                id=child_id,
-                task_queue=workflow.info().task_queue,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(SA_STATUS, RunStatus.RUNNING.value),
-                        SearchAttributePair(SA_AGENT, target.agent_id),
-                    ]
-                ),
-                static_summary=f"subagent of {self._run_id}: {call.name}",
-            )
+            self._starting.add(str(key))  # no continue-as-new until its start is known
+            try:
+                handle = await self._start_child(key, call, target, child_id)
+            finally:
+                self._starting.discard(str(key))
             self._children[str(key)] = handle
             if str(key) not in m.s.children:  # a run continued as new has it already
                 m.child_started(key, child_id)
@@ -432,6 +416,45 @@ class AgentRunWorkflow:
         return ToolResultMessage(
             call_id=call.call_id, tool=call.name, content=result.output or ""
         ), False
+
+    async def _start_child(
+        self, key: OperationKey, call: ToolCall, target: SubagentTarget, child_id: str
+    ) -> workflow.ChildWorkflowHandle[Any, Any]:
+        """Start the call's child run. An id already taken (a reset, or someone who started
+        a workflow under it) parks the call: the run never waits on what it did not start."""
+        try:
+            return await workflow.start_child_workflow(
+                WORKFLOW_TYPE,
+                RunInput(
+                    agent_id=target.agent_id,
+                    input=(
+                        render_result(call.arguments)
+                        if target.typed
+                        else str(call.arguments.get("task", ""))
+                    ),
+                    version=target.version,
+                    parent=ParentCall(run_id=self._run_id, operation=str(key)),
+                ).model_dump(mode="json", exclude_none=True),
+                id=child_id,
+                task_queue=workflow.info().task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(SA_STATUS, RunStatus.RUNNING.value),
+                        SearchAttributePair(SA_AGENT, target.agent_id),
+                    ]
+                ),
+                static_summary=f"subagent of {self._run_id}: {call.name}",
+            )
+        except WorkflowAlreadyStartedError:
+            raise ApplicationError(
+                f"the subagent run id {child_id!r} of {key} is taken by a workflow this run "
+                "did not start; resolve this call (json or error)",
+                {"reason": "subagent_failed", "child_run_id": child_id, "tool": call.name},
+                type=ErrorType.SUBAGENT_FAILED.value,
+                non_retryable=True,
+            ) from None
 
     def _let_go(self, key: OperationKey) -> None:
         """An operator resolved a call whose child is still open: the child is cancelled
@@ -474,12 +497,13 @@ class AgentRunWorkflow:
         if s.parent is None or parent is None or s.status == RunStatus.COMPLETED:
             return
         detail = _status_detail(s)
+        detail = detail[:1000] if detail else None  # what the parent takes
         told = (s.status.value, detail)
         if told == self._told_parent:
             return
         self._told_parent = told
         workflow.patched(PATCH_SUBAGENTS)
-        note = ChildStatusNote(run_id=self._run_id, status=s.status, detail=detail)
+        note = ChildStatusNote(run_id=self._run_id, status=s.status, detail=detail, seq=s.event_seq)
         handle = workflow.get_external_workflow_handle(parent.workflow_id)
         self._notes.append(asyncio.create_task(self._send_note(handle, note, Handler.CHILD_STATUS)))
 
@@ -639,9 +663,16 @@ class AgentRunWorkflow:
         def decided() -> bool:
             return (where in m.decisions) if self._parallel else m.decision is not None
 
-        await self._wait(lambda: decided() or self._advanced)
+        child = self._children.get(where or "")
+
+        def child_ended() -> bool:  # a parked subagent call whose child closed meanwhile
+            return child is not None and child.done()
+
+        await self._wait(lambda: decided() or self._advanced or child_ended())
         if self._advanced and not decided():
             self._end_advanced()
+        if not decided() and key is not None and child_ended():
+            m.child_ended(key)
         self._pin_clock = None
         decision = m.decided(key)
         self._publish()
@@ -687,6 +718,7 @@ class AgentRunWorkflow:
             and not self._cannot_continue
             and not self._running
             and not self._m.s.children
+            and not self._starting
             and self._m.s.archive is None
             and self._history_nearly_full()
         )
@@ -731,7 +763,7 @@ class AgentRunWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             if done():
                 return True
-            if self._running or self._m.s.children:  # a call of the turn is out
+            if self._running or self._m.s.children or self._starting:  # a call is out
                 continue
             next_input, problem = carried(self._m, workflow.info().run_id)
             if next_input is None:  # keep waiting here, saying why
