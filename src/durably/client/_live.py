@@ -74,6 +74,14 @@ async def follow(
         handle = client.get_workflow_handle(workflow_id, run_id=f.pinned)
         try:
             result = await _poll(handle, f.offset, what)
+        except RunNotFoundError:
+            # An early run of the chain is gone (retention): go on in the latest, whose
+            # stream starts where its kept events do.
+            latest = await _current_run(client, workflow_id, what)
+            if latest == f.pinned:
+                raise
+            f.pinned = latest
+            continue
         except _Unavailable:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
@@ -107,6 +115,9 @@ class _Follower:
         self.pinned = ""
         self.ended = False
         self.closed = False
+        # The run that continued as new and was read once more after it closed (what
+        # it published after the previous read would be lost otherwise).
+        self.drained = ""
         self.preview: _Preview | None = None
 
     def take(self, result: PollResult) -> list[LiveItem]:
@@ -133,6 +144,9 @@ class _Follower:
         self.closed = status in _CLOSED
         if status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
             self.closed = False
+            if self.drained != self.pinned:  # read it once more now that it is closed
+                self.drained = self.pinned
+                return True
             following = await _next_run(self.client, self.workflow_id, self.pinned)
             if following is not None:
                 self.pinned = following
@@ -234,6 +248,16 @@ async def _poll(handle: WorkflowHandle[Any, Any], offset: int, what: str) -> Pol
         if err.status == RPCStatusCode.NOT_FOUND:
             raise RunNotFoundError(f"no {what}: {err.message}") from err
         raise _Unavailable from err
+
+
+async def _current_run(client: Client, workflow_id: str, what: str) -> str:
+    """The latest Temporal run of the workflow's chain."""
+    try:
+        return (await client.get_workflow_handle(workflow_id).describe()).run_id
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise RunNotFoundError(f"no {what}") from err
+        raise DurablyError(f"{what} could not be read: {err.message}") from err
 
 
 async def _first_run(client: Client, workflow_id: str, what: str) -> str:
