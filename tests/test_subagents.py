@@ -432,3 +432,13 @@ class TestForgedNotes:
         assert result.output == "done: refunded A"
         rejected = [e for e in (await parent.snapshot()).events if e.type == "signal_rejected"]
         assert len(rejected) == 1 and "1000" in (rejected[0].detail or "")
+
+
+def test_an_agent_that_names_itself_as_a_subagent_is_refused() -> None:
+    from durably import RegistrationError
+
+    with pytest.raises(RegistrationError, match="names itself as a subagent"):
+        Agent(
+            id="loop", model=FunctionModel(lambda r: AssistantMessage(content="x"), name="l"),
+            instructions="", subagents=["loop"],
+        )  # fmt: skip

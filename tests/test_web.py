@@ -90,12 +90,19 @@ async def get(
     return Stream(status, reader=reader, writer=writer)
 
 
-async def post(port: int, path: str, body: Any, token: str) -> tuple[int, Any]:
+async def post(
+    port: int,
+    path: str,
+    body: Any,
+    token: str,
+    content_type: str = "application/json",
+    extra: str = "",
+) -> tuple[int, Any]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps(body).encode()
     writer.write(
         f"POST {path} HTTP/1.1\r\nHost: localhost:{port}\r\nAuthorization: Bearer {token}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {len(data)}\r\n{extra}"
         "Connection: close\r\n\r\n".encode()
         + data
     )
@@ -221,6 +228,15 @@ class TestServerSentEvents:
                 TOKENS["bob"],
             )
             assert status == 200 and accepted["responder"] == "bob"
+            # What a page on another site could send through a browser: refused.
+            body = {"interaction_id": snap.interaction.id, "response": {}}
+            path = f"/runs/{run.run_id}/respond"
+            plain = await post(port, path, body, TOKENS["bob"], content_type="text/plain")
+            assert plain[0] == 415
+            crossed = await post(
+                port, path, body, TOKENS["bob"], extra="Sec-Fetch-Site: cross-site\r\n"
+            )
+            assert crossed[0] == 403
         await run.result()
         approved = [e for e in (await run.snapshot()).events if e.type == "approved"]
         assert "by bob" in (approved[0].detail or "")

@@ -155,6 +155,11 @@ class Agent:
                 "(an `identity` property and `async def request(ModelRequest)`)"
             )
         subagents = tuple(s if isinstance(s, Subagent) else Subagent(s) for s in self.subagents)
+        if any(s.agent_id == self.id for s in subagents):
+            raise RegistrationError(
+                f"agent {self.id!r} names itself as a subagent: each call would start another "
+                "run of it, without end; delegate to another agent"
+            )
         object.__setattr__(self, "subagents", subagents)
         object.__setattr__(self, "tasks", tuple(self.tasks))
         names = [t.name for t in self.tools] + [s.name for s in subagents]

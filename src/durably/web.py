@@ -225,7 +225,18 @@ class _Handlers:
         self.hub = _Hub(client)
 
     def identity(self, request: Request) -> str | Response:
-        """Who calls (a token's name, or "local"), or the response refusing the call."""
+        """Who calls (a token's name, or "local"), or the response refusing the call.
+
+        A page on another site must not act through a browser that can reach this
+        server (a tokenless one on loopback, above all): requests a browser marks
+        cross-site are refused, and a POST must be JSON, which a page can only send
+        to another origin after a CORS preflight this server never grants."""
+        if request.headers.get("sec-fetch-site") == "cross-site":
+            return _error(403, "cross-site requests are refused")
+        if request.method == "POST":
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                return _error(415, "send the body as JSON (Content-Type: application/json)")
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         given = given or request.query_params.get("token", "")
         if not self.expected:
