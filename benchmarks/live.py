@@ -511,7 +511,7 @@ async def probe(durable: DurableClient, run_id: str, into: Probe, stop: asyncio.
         if stop.is_set():
             return
         began = time.monotonic()
-        preview = await _text_preview(durable.temporal, handle)
+        preview = await _text_preview(durable.temporal, await handle.describe())
         done = time.monotonic()
         into.describe.append(done - began)
         if preview is not None:

@@ -17,6 +17,7 @@ import socket
 import urllib.parse
 from collections.abc import Iterator
 from types import TracebackType
+from typing import Self
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -69,7 +70,7 @@ class AsgiServer:
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
-    async def __aenter__(self) -> AsgiServer:
+    async def __aenter__(self) -> Self:
         if self._server is not None:
             raise DurablyError(f"{self._what} is already started")
         sock = self._bind()

@@ -44,7 +44,6 @@ import hmac
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from types import TracebackType
 
 from google.protobuf import json_format
 from starlette.applications import Starlette
@@ -157,7 +156,7 @@ def codec_app(
     return Starlette(routes=routes, middleware=[cors])
 
 
-class CodecServer:
+class CodecServer(AsgiServer):
     """`codec_app` served by uvicorn in this event loop, as an async context manager.
 
     Entering binds the port (a `DurablyError` if it is taken, or if `host` is
@@ -190,44 +189,23 @@ class CodecServer:
                 f"the codec server needs the encryption keys: set {ENV_KEYS} (or "
                 f"{ENV_KEYS_FILE}) to the keys the workers use"
             )
-        if not 0 <= port < 65536:
-            raise DurablyError(f"port must be between 0 and 65535, got {port}")
         if token is None and not is_loopback(host):
             raise DurablyError(
                 f"refusing to serve the codec on {host} without a bearer token: anyone who "
                 f"can reach it could read every payload. Set {TOKEN_ENV} (or --token) to a "
                 "long random secret, or listen on 127.0.0.1"
             )
-        self.app = codec_app(
-            codec, token=token, cors_origins=cors_origins, max_body_bytes=max_body_bytes
+        super().__init__(
+            codec_app(codec, token=token, cors_origins=cors_origins, max_body_bytes=max_body_bytes),
+            host=host,
+            port=port,
+            what="the codec server",
         )
-        self._server = AsgiServer(self.app, host=host, port=port, what="the codec server")
-
-    @property
-    def host(self) -> str:
-        return self._server.host
-
-    @property
-    def port(self) -> int:
-        """The port it listens on (the one picked, once entered, if 0 was given)."""
-        return self._server.port
 
     @property
     def endpoint(self) -> str:
         """The URL to give the Web UI and `temporal --codec-endpoint` on this machine."""
-        return self._server.url
-
-    async def __aenter__(self) -> CodecServer:
-        await self._server.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._server.__aexit__(exc_type, exc, tb)
+        return self.url
 
 
 def _refusal(request: Request, expected: bytes | None) -> Response | None:

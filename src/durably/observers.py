@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,6 +29,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from durably._imports import load_attr
 from durably.client import DurableClient
 from durably.contract import WORKFLOW_TYPE, LiveItem, LiveText
 from durably.errors import DurablyError, RegistrationError, RunNotFoundError
@@ -209,13 +209,7 @@ async def _call(observer: Observer, item: LiveItem) -> None:
 
 def load_observers(spec: str) -> list[Observer]:
     """Import `module:attr`: an observer function, or a list of them."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise RegistrationError(f"{spec!r}: expected `module:attr`, e.g. `myapp.audit:observe`")
-    try:
-        value: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise RegistrationError(f"{spec!r}: cannot load it ({err})") from err
+    value: Any = load_attr(spec, "observers", "myapp.audit:observe")
     observers = list(value) if isinstance(value, list | tuple) else [value]
     if not observers or not all(callable(o) for o in observers):
         raise RegistrationError(

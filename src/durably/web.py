@@ -409,7 +409,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-class LiveServer:
+class LiveServer(AsgiServer):
     """`live_app` served by uvicorn in this event loop (`durably serve`).
 
     Off loopback it refuses to start without tokens: it shows runs and
@@ -430,24 +430,9 @@ class LiveServer:
                 f"reach it could watch every run and answer its approvals. Set {TOKENS_ENV} "
                 "to name=token pairs, or listen on 127.0.0.1"
             )
-        self.app = live_app(client, tokens=tokens)
-        self._server = AsgiServer(self.app, host=host, port=port, what="the live events server")
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    @property
-    def port(self) -> int:
-        """The port it listens on (the one picked, once entered, if 0 was given)."""
-        return self._server.port
-
-    async def __aenter__(self) -> LiveServer:
-        await self._server.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self._server.__aexit__(*exc)
+        super().__init__(
+            live_app(client, tokens=tokens), host=host, port=port, what="the live events server"
+        )
 
 
 # A run, live, in a browser: its committed events and the model's text as it is written.

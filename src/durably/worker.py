@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -26,6 +25,7 @@ import structlog
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from durably._imports import load_attr
 from durably._search_attributes import check_on_start
 from durably.activities import TranscriptCache
 from durably.agents import AgentRegistration
@@ -356,15 +356,7 @@ def _drift_message(drift: Sequence[NeededVersion]) -> str:
 
 def load_registrations(spec: str) -> list[AgentRegistration]:
     """Import `module:attr` and return the registrations it names."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise RegistrationError(
-            f"--agents {spec!r}: expected `module:attr`, e.g. `myapp.agents:registrations`"
-        )
-    try:
-        value: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise RegistrationError(f"--agents {spec!r}: cannot load it ({err})") from err
+    value: Any = load_attr(spec, "--agents", "myapp.agents:registrations")
     if callable(value) and not isinstance(value, AgentRegistration):
         value = value()
     items: Sequence[Any] = [value] if isinstance(value, AgentRegistration) else list(value)

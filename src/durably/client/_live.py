@@ -21,6 +21,7 @@ from temporalio.api.common.v1 import Payload, WorkflowExecution
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import (
     Client,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
@@ -93,13 +94,15 @@ async def follow(
             continue
         if f.ended:
             return
-        if f.preview is not None:
-            piece = f.preview.next(await _text_preview(client, handle))
+        # One description a round: the answer being written, and whether the run closed.
+        description = await _described(handle, what)
+        if f.preview is not None and description is not None:
+            piece = f.preview.next(await _text_preview(client, description))
             if piece is not None:
                 yield LiveItem(offset=f.offset - 1, event=piece)
         if f.closed:
             return  # read once more after it closed: a closed run says nothing more
-        if await f.moved_on(handle) or f.closed:
+        if await f.moved_on(description) or f.closed:
             continue  # read what the run said before it moved on or closed
         await asyncio.sleep(poll_interval)
 
@@ -138,9 +141,9 @@ class _Follower:
             self.ended = self.ended or (isinstance(event, LiveEvent) and event.type in _RUN_ENDS)
         return items
 
-    async def moved_on(self, handle: WorkflowHandle[Any, Any]) -> bool:
+    async def moved_on(self, description: WorkflowExecutionDescription | None) -> bool:
         """Whether the run it read continued as new and the next one is now pinned."""
-        status = await _status(handle, self.what)
+        status = description.status if description is not None else None
         self.closed = status in _CLOSED
         if status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
             self.closed = False
@@ -208,12 +211,10 @@ class _Preview:
         )
 
 
-async def _text_preview(client: Client, handle: WorkflowHandle[Any, Any]) -> TextPreview | None:
+async def _text_preview(
+    client: Client, description: WorkflowExecutionDescription
+) -> TextPreview | None:
     """The model answer the run's model activity is receiving, from its heartbeat."""
-    try:
-        description = await handle.describe()
-    except RPCError:
-        return None
     for pending in description.raw_description.pending_activities:
         if pending.activity_type.name != ACTIVITY_MODEL or not pending.heartbeat_details.payloads:
             continue
@@ -250,26 +251,25 @@ async def _poll(handle: WorkflowHandle[Any, Any], offset: int, what: str) -> Pol
         raise _Unavailable from err
 
 
-async def _current_run(client: Client, workflow_id: str, what: str) -> str:
-    """The latest Temporal run of the workflow's chain."""
+async def _describe(client: Client, workflow_id: str, what: str) -> WorkflowExecutionDescription:
     try:
-        return (await client.get_workflow_handle(workflow_id).describe()).run_id
+        return await client.get_workflow_handle(workflow_id).describe()
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise RunNotFoundError(f"no {what}") from err
         raise DurablyError(f"{what} could not be read: {err.message}") from err
+
+
+async def _current_run(client: Client, workflow_id: str, what: str) -> str:
+    """The latest Temporal run of the workflow's chain."""
+    return str((await _describe(client, workflow_id, what)).run_id)
 
 
 async def _first_run(client: Client, workflow_id: str, what: str) -> str:
     """The first Temporal run of the workflow's continue-as-new chain."""
-    try:
-        description = await client.get_workflow_handle(workflow_id).describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            raise RunNotFoundError(f"no {what}") from err
-        raise DurablyError(f"{what} could not be read: {err.message}") from err
+    description = await _describe(client, workflow_id, what)
     first = description.raw_description.workflow_execution_info.first_run_id
-    return first or description.run_id
+    return str(first or description.run_id)
 
 
 async def _next_run(client: Client, workflow_id: str, run_id: str) -> str | None:
@@ -290,9 +290,12 @@ async def _next_run(client: Client, workflow_id: str, run_id: str) -> str | None
     return None
 
 
-async def _status(handle: WorkflowHandle[Any, Any], what: str) -> WorkflowExecutionStatus | None:
+async def _described(
+    handle: WorkflowHandle[Any, Any], what: str
+) -> WorkflowExecutionDescription | None:
+    """The pinned run's description (None while the server does not answer)."""
     try:
-        return (await handle.describe()).status
+        return await handle.describe()
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise RunNotFoundError(f"no {what} (its history is gone)") from err

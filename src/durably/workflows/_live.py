@@ -29,7 +29,7 @@ __all__ = ["POLL", "PUBLISH_SIGNAL", "LiveEvents"]
 # The stream's handler names (`temporalio.contrib.workflow_streams`).
 PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
 POLL = "__temporal_workflow_stream_poll"
-# The most a run keeps of its live events in the worker's memory, in JSON bytes.
+# The most a run keeps of its live events in the worker's memory, in payload bytes.
 RETAINED_BYTES = 2 * 2**20
 
 
@@ -53,8 +53,10 @@ class LiveEvents:
     def publish(self, event: BaseModel) -> None:
         """Append `event`; past `EVENTS_RETAINED` items or `RETAINED_BYTES`, the oldest
         retained ones go (the newest always stays)."""
-        size = len(event.model_dump_json())
-        self._topic.publish(event)
+        # Converted once: the stream keeps the payload, and its size is what it costs.
+        payload = workflow.payload_converter().to_payloads([event])[0]
+        size = payload.ByteSize()
+        self._topic.publish(payload)
         self.next_offset += 1
         self._sizes.append(size)
         self._bytes += size

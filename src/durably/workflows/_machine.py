@@ -116,6 +116,7 @@ __all__ = [
     "RequestModel",
     "RunMachine",
     "Step",
+    "error_result",
     "pending_interactions",
 ]
 
@@ -461,7 +462,7 @@ class RunMachine:
         rejected = self.s.call_errors.get(call.call_id)
         if rejected is None:
             return False
-        self._commit(_error_result(call, rejected))
+        self._commit(error_result(call, rejected))
         self.event(EventType.TOOL_REJECTED, str(key), rejected)
         return True
 
@@ -486,7 +487,7 @@ class RunMachine:
             return ToolResultMessage(
                 call_id=call.call_id, tool=call.name, content=render_result(resolution.value)
             )
-        return _error_result(call, resolution.message)
+        return error_result(call, resolution.message)
 
     def ask(
         self, key: OperationKey, call: ToolCall, policy: ToolPolicy, *, now: datetime
@@ -578,7 +579,7 @@ class RunMachine:
         elif accepted.approved:
             return None
         else:
-            result = _error_result(call, f"denied: {reason or 'no reason given'}")
+            result = error_result(call, f"denied: {reason or 'no reason given'}")
         self._commit(result, ref=self.outside_ref(f"answer:{interaction.id}", result.content))
         return result
 
@@ -960,5 +961,6 @@ def _question(call: ToolCall, policy: ToolPolicy) -> str | None:
     return str(call.arguments.get("question", "")) if policy.question else None
 
 
-def _error_result(call: ToolCall, message: str) -> ToolResultMessage:
+def error_result(call: ToolCall, message: str) -> ToolResultMessage:
+    """An error result for `call`: what the model reads when the call did not give one."""
     return ToolResultMessage(call_id=call.call_id, tool=call.name, content=message, is_error=True)

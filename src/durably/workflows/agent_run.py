@@ -135,6 +135,7 @@ with workflow.unsafe.imports_passed_through():
         OutOfTurns,
         RequestModel,
         RunMachine,
+        error_result,
     )
     from durably.workflows._operator_text import refused_details, status_details
     from durably.workflows._run_input import initial_state, one_raw_argument
@@ -403,7 +404,7 @@ class AgentRunWorkflow:
             if is_cancelled_exception(err):
                 self._children.pop(str(key), None)
                 m.s.children.pop(str(key), None)
-                return _error_result(call, "the subagent's run was cancelled"), False
+                return error_result(call, "the subagent's run was cancelled"), False
             raise ApplicationError(
                 f"subagent run {handle.id!r} ended without an answer: {describe(err)}",
                 {"reason": "subagent_failed", "child_run_id": handle.id, "tool": call.name},
@@ -1111,7 +1112,3 @@ def _status_detail(s: RunState) -> str | None:
     if s.status == RunStatus.RETRY_WAIT:
         return f"model retry at {s.next_attempt_at:%H:%M:%S} UTC" if s.next_attempt_at else None
     return None
-
-
-def _error_result(call: ToolCall, message: str) -> ToolResultMessage:
-    return ToolResultMessage(call_id=call.call_id, tool=call.name, content=message, is_error=True)
