@@ -100,6 +100,18 @@ async def dev_server(
         yield env
 
 
+def print_footer(
+    load: Sequence[tuple[str, tuple[float, float, float]]],
+    elapsed: float,
+    script: str,
+    argv: Sequence[str],
+) -> None:
+    """The last lines of a benchmark's report: the machine's load, and how to run it again."""
+    shown = "; ".join(f"{w}: {' / '.join(f'{x:.2f}' for x in v)}" for w, v in load)
+    print(f"load average: {shown}; {elapsed / 60:.1f} minutes")
+    print("command: " + " ".join([f"python benchmarks/{script}", *argv]))
+
+
 def run_main(main: Coroutine[Any, Any, None]) -> None:
     """Run `main`, then leave without interpreter finalisation.
 

@@ -58,7 +58,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import INSTRUCTIONS, TOOL_NAME, dev_server, event_type, fetch_chain, page, run_main
+from _common import (
+    INSTRUCTIONS,
+    TOOL_NAME,
+    dev_server,
+    event_type,
+    fetch_chain,
+    page,
+    print_footer,
+    run_main,
+)
 from _impl_durably import fetch_page
 from compare import (
     FLOOR,
@@ -761,9 +770,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
         print()
         for line in latency_lines(latency):
             print(line)
-    shown = "; ".join(f"{w}: {' / '.join(f'{x:.2f}' for x in v)}" for w, v in load)
-    print(f"load average: {shown}; {elapsed / 60:.1f} minutes")
-    print("command: " + " ".join(["python benchmarks/live.py", *argv]))
+    print_footer(load, elapsed, "live.py", argv)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from _common import INSTRUCTIONS, activity_of, dev_server, fetch_chain, run_main
+from _common import INSTRUCTIONS, activity_of, dev_server, fetch_chain, print_footer, run_main
 from compare import DURABLY, FLOOR, _seconds, fmt_ratio, rotated, text_table, verdict
 from temporalio import activity, workflow
 from temporalio.api.history.v1 import HistoryEvent
@@ -439,9 +439,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     print()
     for line in target_lines(runs):
         print(line)
-    shown = "; ".join(f"{w}: {' / '.join(f'{x:.2f}' for x in v)}" for w, v in load)
-    print(f"load average: {shown}; {elapsed / 60:.1f} minutes")
-    print("command: " + " ".join(["python benchmarks/parallel_tools.py", *argv]))
+    print_footer(load, elapsed, "parallel_tools.py", argv)
 
 
 if __name__ == "__main__":

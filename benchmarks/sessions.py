@@ -88,6 +88,7 @@ from _common import (
     history_bytes,
     page,
     payload_bytes,
+    print_footer,
     run_main,
 )
 from _impl_durably import fetch_page as durably_fetch_page
@@ -1117,9 +1118,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     print()
     for line in target_lines(warm_, cold_, n):
         print(line)
-    shown = "; ".join(f"{w}: {' / '.join(f'{x:.2f}' for x in v)}" for w, v in load)
-    print(f"load average: {shown}; {elapsed / 60:.1f} minutes")
-    print("command: " + " ".join(["python benchmarks/sessions.py", *argv]))
+    print_footer(load, elapsed, "sessions.py", argv)
 
 
 if __name__ == "__main__":

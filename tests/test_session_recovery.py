@@ -16,11 +16,11 @@ from temporalio.api.workflowservice.v1 import (
     ResetStickyTaskQueueRequest,
 )
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.testing import WorkflowEnvironment
 
 from durably import DurableClient, DurableRuntime
 from durably.dev import DevServer
 
+from . import test_crash_recovery
 from .conftest import eventually, free_ports, operation_id, serving
 from .test_crash_recovery import Crashes
 from .test_sessions import clerk, holds
@@ -38,13 +38,8 @@ CONVERSATION = [
 ]
 
 
-@pytest.fixture
-async def crashes(
-    env: WorkflowEnvironment, client: DurableClient, tmp_path: Path
-) -> AsyncIterator[Crashes]:
-    c = Crashes(env, client, tmp_path)
-    yield c
-    c.close()
+# The worker processes to kill, shared with the crash tests.
+crashes = test_crash_recovery.crashes
 
 
 class TestWorkerCrash:
