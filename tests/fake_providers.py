@@ -10,7 +10,8 @@ envelopes), so the real SDK clients parse them as they would in production. A
 request asking for a stream (`"stream": true`) gets the same reply as the
 provider streams it: Server-Sent Events (`chat.completion.chunk`s ending in
 `[DONE]`; Anthropic's `message_start` ... `message_stop`), the text cut into
-word-sized pieces.
+word-sized pieces. Usage is reported as each provider reports it; the breakdowns
+(prompt-cache reads, reasoning tokens) only when a scripted reply asks for them.
 """
 
 from __future__ import annotations
@@ -123,11 +124,27 @@ class FakeProvider:
     def model(self, **kwargs: Any) -> Any:
         raise NotImplementedError
 
-    def tool_calls(self, *calls: tuple[str, str, Any], usage: tuple[int, int] = (10, 5)) -> Reply:
+    def tool_calls(
+        self,
+        *calls: tuple[str, str, Any],
+        usage: tuple[int, int] = (10, 5),
+        cached: int | None = None,
+        reasoning: int | None = None,
+    ) -> Reply:
         """A reply calling tools: `(call id, tool name, arguments dict or raw text)`."""
         raise NotImplementedError
 
-    def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> Reply:
+    def text(
+        self,
+        text: str,
+        *,
+        usage: tuple[int, int] = (10, 5),
+        cached: int | None = None,
+        reasoning: int | None = None,
+    ) -> Reply:
+        """A reply answering `text`. `usage` is the provider's own (input, output) counts;
+        `cached` (prompt-cache reads) and `reasoning` go in its usage breakdown, which is
+        left out when None, as by a server that does not report it."""
         raise NotImplementedError
 
     def error(
@@ -251,7 +268,13 @@ class FakeOpenAI(FakeProvider):
         kwargs.setdefault("base_url", f"{self.url}/v1")
         return OpenAIChatModel("gpt-4o-mini", **kwargs)
 
-    def tool_calls(self, *calls: tuple[str, str, Any], usage: tuple[int, int] = (10, 5)) -> Reply:
+    def tool_calls(
+        self,
+        *calls: tuple[str, str, Any],
+        usage: tuple[int, int] = (10, 5),
+        cached: int | None = None,
+        reasoning: int | None = None,
+    ) -> Reply:
         return Reply(
             _completion(
                 {
@@ -268,14 +291,20 @@ class FakeOpenAI(FakeProvider):
                     ],
                 },
                 "tool_calls",
-                usage,
+                _openai_usage(usage, cached, reasoning),
             )
         )
 
-    def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> Reply:
-        return Reply(
-            _completion({"role": "assistant", "content": text, "refusal": None}, "stop", usage)
-        )
+    def text(
+        self,
+        text: str,
+        *,
+        usage: tuple[int, int] = (10, 5),
+        cached: int | None = None,
+        reasoning: int | None = None,
+    ) -> Reply:
+        message = {"role": "assistant", "content": text, "refusal": None}
+        return Reply(_completion(message, "stop", _openai_usage(usage, cached, reasoning)))
 
     def error(
         self, status: int, message: str = "scripted failure", headers: Mapping[str, str] = {}
@@ -394,8 +423,24 @@ def _anthropic_unanswered(messages: list[Mapping[str, Any]]) -> list[str]:
     return missing
 
 
-def _completion(message: dict[str, Any], finish: str, usage: tuple[int, int]) -> dict[str, Any]:
+def _openai_usage(
+    usage: tuple[int, int], cached: int | None, reasoning: int | None
+) -> dict[str, Any]:
+    """Chat Completions usage: the cached and reasoning tokens are counted in the totals."""
     prompt, completion = usage
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+    if reasoning is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning, "audio_tokens": 0}
+    return out
+
+
+def _completion(message: dict[str, Any], finish: str, usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-fake{next(_ids)}",
         "object": "chat.completion",
@@ -403,11 +448,7 @@ def _completion(message: dict[str, Any], finish: str, usage: tuple[int, int]) ->
         "model": "gpt-4o-mini-2024-07-18",
         "system_fingerprint": "fp_fake",
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
+        "usage": usage,
     }
 
 
@@ -421,15 +462,29 @@ class FakeAnthropic(FakeProvider):
         kwargs.setdefault("base_url", self.url)
         return AnthropicModel("claude-haiku-4-5", **kwargs)
 
-    def tool_calls(self, *calls: tuple[str, str, Any], usage: tuple[int, int] = (10, 5)) -> Reply:
+    def tool_calls(
+        self,
+        *calls: tuple[str, str, Any],
+        usage: tuple[int, int] = (10, 5),
+        cached: int | None = None,
+        reasoning: int | None = None,
+    ) -> Reply:
         blocks = [
             {"type": "tool_use", "id": call_id, "name": name, "input": args}
             for call_id, name, args in calls
         ]
-        return Reply(_message(blocks, "tool_use", usage))
+        return Reply(_message(blocks, "tool_use", _anthropic_usage(usage, cached, reasoning)))
 
-    def text(self, text: str, *, usage: tuple[int, int] = (10, 5)) -> Reply:
-        return Reply(_message([{"type": "text", "text": text}], "end_turn", usage))
+    def text(
+        self,
+        text: str,
+        *,
+        usage: tuple[int, int] = (10, 5),
+        cached: int | None = None,
+        reasoning: int | None = None,
+    ) -> Reply:
+        blocks = [{"type": "text", "text": text}]
+        return Reply(_message(blocks, "end_turn", _anthropic_usage(usage, cached, reasoning)))
 
     def error(
         self, status: int, message: str = "scripted failure", headers: Mapping[str, str] = {}
@@ -468,9 +523,14 @@ class FakeAnthropic(FakeProvider):
 
 
 def _anthropic_stream(message: Mapping[str, Any], pieces: Any) -> list[tuple[str, bool]]:
-    """A `message` as the Messages API streams it: start, each block's deltas, stop."""
+    """A `message` as the Messages API streams it: start, each block's deltas, stop.
+
+    `message_start` carries the input counts; `message_delta` all the final counts, as
+    cumulative totals."""
     usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    start_usage = {k: v for k, v in usage.items() if k != "output_tokens_details"}
+    start_usage["output_tokens"] = 1
+    start = {**message, "content": [], "stop_reason": None, "usage": start_usage}
     events = [_sse({"type": "message_start", "message": start}, "message_start")]
     texts: list[str] = []
     for i, block in enumerate(message["content"]):
@@ -498,7 +558,7 @@ def _anthropic_stream(message: Mapping[str, Any], pieces: Any) -> list[tuple[str
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": usage["output_tokens"]},
+                "usage": usage,
             },
             "message_delta",
         )
@@ -507,8 +567,21 @@ def _anthropic_stream(message: Mapping[str, Any], pieces: Any) -> list[tuple[str
     return [(e, e in texts) for e in events]
 
 
-def _message(blocks: list[dict[str, Any]], stop: str, usage: tuple[int, int]) -> dict[str, Any]:
+def _anthropic_usage(
+    usage: tuple[int, int], cached: int | None, reasoning: int | None
+) -> dict[str, Any]:
+    """Messages API usage: `input_tokens` leaves out the cache's tokens (here `cached`, the
+    reads); thinking is counted in `output_tokens`."""
     input_tokens, output_tokens = usage
+    out: dict[str, Any] = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+    if cached is not None:
+        out |= {"cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    if reasoning is not None:
+        out["output_tokens_details"] = {"thinking_tokens": reasoning}
+    return out
+
+
+def _message(blocks: list[dict[str, Any]], stop: str, usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": f"msg_fake{next(_ids)}",
         "type": "message",
@@ -517,10 +590,5 @@ def _message(blocks: list[dict[str, Any]], stop: str, usage: tuple[int, int]) ->
         "content": blocks,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-        },
+        "usage": usage,
     }

@@ -808,7 +808,7 @@ class TestAnthropicConversion:
                     ToolCall(id="t2", name="b", arguments={}),
                 ),
             ),
-            usage=Usage(requests=1, input_tokens=15, output_tokens=4),
+            usage=Usage(requests=1, input_tokens=15, output_tokens=4, cached_input_tokens=2),
         )
 
     @pytest.mark.parametrize(
@@ -899,6 +899,56 @@ def _anthropic_usage(input_tokens: int, output_tokens: int) -> Any:
     from anthropic.types import Usage as AnthropicUsage
 
     return AnthropicUsage.model_construct(input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+# -- usage breakdowns --------------------------------------------------------------
+
+
+class TestUsageBreakdown:
+    @pytest.mark.parametrize("stream", [False, True])
+    async def test_openai_cached_and_reasoning_tokens_are_read(
+        self, fake_openai: FakeOpenAI, stream: bool
+    ) -> None:
+        """Streamed, they come from the final chunk's usage (`include_usage`)."""
+        fake_openai.script(fake_openai.text("Hi.", usage=(100, 20), cached=60, reasoning=8))
+
+        answer = await fake_openai.model(stream=stream).request(TRANSCRIPT)
+
+        assert answer.usage == Usage(
+            requests=1,
+            input_tokens=100,
+            output_tokens=20,
+            cached_input_tokens=60,
+            reasoning_tokens=8,
+        )
+
+    @pytest.mark.parametrize("stream", [False, True])
+    async def test_anthropic_cache_reads_and_thinking_tokens_are_read(
+        self, fake_anthropic: FakeAnthropic, stream: bool
+    ) -> None:
+        """Cache reads count in the input too (the API's `input_tokens` leaves them out).
+        Streamed, from `message_start`'s usage and `message_delta`'s."""
+        fake_anthropic.script(fake_anthropic.text("Hi.", usage=(40, 20), cached=60, reasoning=8))
+
+        answer = await fake_anthropic.model(stream=stream).request(TRANSCRIPT)
+
+        assert answer.usage == Usage(
+            requests=1,
+            input_tokens=100,
+            output_tokens=20,
+            cached_input_tokens=60,
+            reasoning_tokens=8,
+        )
+
+    @pytest.mark.parametrize("stream", [False, True])
+    async def test_a_breakdown_the_provider_leaves_out_is_zero(
+        self, fake: FakeProvider, stream: bool
+    ) -> None:
+        fake.script(fake.text("Hi.", usage=(10, 5)))
+
+        answer = await fake.model(stream=stream).request(TRANSCRIPT)
+
+        assert answer.usage == Usage(requests=1, input_tokens=10, output_tokens=5)
 
 
 # -- error classification ----------------------------------------------------------

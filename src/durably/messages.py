@@ -10,7 +10,13 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, overload
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 __all__ = [
     "AssistantMessage",
@@ -133,22 +139,51 @@ Message = Annotated[UserMessage | AssistantMessage | ToolResultMessage, Field(di
 
 
 class Usage(_Frozen):
-    """Token usage, summed over a run's model requests."""
+    """What a run (or one operation) used: model requests and their tokens, tool calls,
+    and the cost the registration's prices give them.
+
+    `cached_input_tokens` are the part of `input_tokens` the provider served
+    from its prompt cache, `reasoning_tokens` the part of `output_tokens`
+    spent reasoning (each only where the provider reports it). `requests`
+    counts every attempt the run saw, failed ones too; `tool_calls` every
+    tool activity the run scheduled. Fields at zero stay out of the JSON:
+    usage is stored in history with every model answer.
+    """
 
     requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    tool_calls: int = 0
+    cost_usd: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             requests=self.requests + other.requests,
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            tool_calls=self.tool_calls + other.tool_calls,
+            cost_usd=round(self.cost_usd + other.cost_usd, 9),
         )
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @model_serializer(mode="wrap")
+    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in _USAGE_OPTIONAL:
+            if not data.get(key):
+                data.pop(key, None)
+        return data
+
+
+# Usage fields added after 0.1.0: left out of the JSON at zero (history stays as it was).
+_USAGE_OPTIONAL = ("cached_input_tokens", "reasoning_tokens", "tool_calls", "cost_usd")
 
 
 class ToolSpec(_Frozen):

@@ -25,6 +25,7 @@ from durably.models._provider import ProviderModel, empty_answer, given, tool_ar
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
     from anthropic.types import Message
+    from anthropic.types import Usage as AnthropicUsage
 
 __all__ = ["AnthropicModel", "anthropic_messages", "anthropic_tools", "from_anthropic_message"]
 
@@ -196,13 +197,29 @@ def from_anthropic_message(message: Message) -> ModelResponse:
             f"the message {message.id!r} (stop_reason {message.stop_reason!r}; "
             f"content blocks: {kinds})"
         )
-    usage = message.usage
-    input_tokens = (
-        (usage.input_tokens or 0)
-        + (getattr(usage, "cache_creation_input_tokens", None) or 0)
-        + (getattr(usage, "cache_read_input_tokens", None) or 0)
-    )
     return ModelResponse(
         message=AssistantMessage(content=content, tool_calls=tuple(calls)),
-        usage=Usage(requests=1, input_tokens=input_tokens, output_tokens=usage.output_tokens or 0),
+        usage=_usage(message.usage),
+    )
+
+
+def _usage(usage: AnthropicUsage) -> Usage:
+    """One request's usage. Streamed, the SDK builds it from `message_start`'s usage,
+    overwritten by the cumulative counts in `message_delta`'s.
+
+    The API's `input_tokens` leaves out the tokens written to and read from the prompt
+    cache: durably's input counts all three, and the cache reads are its cached part.
+    Thinking is counted in `output_tokens`; only newer API versions break it out
+    (`output_tokens_details.thinking_tokens`), and without that `reasoning_tokens`
+    stays 0. Fields an older SDK does not know are read with `getattr`.
+    """
+    cache_read = getattr(usage, "cache_read_input_tokens", None) or 0
+    cache_write = getattr(usage, "cache_creation_input_tokens", None) or 0
+    details = getattr(usage, "output_tokens_details", None)
+    return Usage(
+        requests=1,
+        input_tokens=(usage.input_tokens or 0) + cache_write + cache_read,
+        output_tokens=usage.output_tokens or 0,
+        cached_input_tokens=cache_read,
+        reasoning_tokens=getattr(details, "thinking_tokens", None) or 0,
     )

@@ -30,6 +30,7 @@ from durably.models._provider import ProviderModel, empty_answer, given, tool_ar
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
+    from openai.types import CompletionUsage
     from openai.types.chat import ChatCompletion
 
 __all__ = [
@@ -218,14 +219,27 @@ def from_openai_completion(completion: ChatCompletion) -> ModelResponse:
         raise empty_answer(
             f"the chat completion {completion.id!r} (finish_reason {choice.finish_reason!r})"
         )
-    usage = completion.usage
     return ModelResponse(
         message=AssistantMessage(content=content, tool_calls=tuple(calls)),
-        usage=Usage(
-            requests=1,
-            input_tokens=(usage.prompt_tokens or 0) if usage else 0,
-            output_tokens=(usage.completion_tokens or 0) if usage else 0,
-        ),
+        usage=_usage(completion.usage),
+    )
+
+
+def _usage(usage: CompletionUsage | None) -> Usage:
+    """One request's usage. Streamed, it is the final chunk's (`include_usage`).
+
+    `prompt_tokens` counts the cached tokens and `completion_tokens` the reasoning ones;
+    many compatible servers send neither breakdown, which leaves those counts at 0.
+    """
+    if usage is None:
+        return Usage(requests=1)
+    prompt, completion = usage.prompt_tokens_details, usage.completion_tokens_details
+    return Usage(
+        requests=1,
+        input_tokens=usage.prompt_tokens or 0,
+        output_tokens=usage.completion_tokens or 0,
+        cached_input_tokens=(prompt.cached_tokens or 0) if prompt else 0,
+        reasoning_tokens=(completion.reasoning_tokens or 0) if completion else 0,
     )
 
 
