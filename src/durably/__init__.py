@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from durably.contract import (
         Answer,
         Approval,
+        BudgetExceeded,
         Denial,
         ErrorResolution,
         Interaction,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
         LiveEvent,
         LiveItem,
         OtherAttention,
+        RaiseLimitsAccepted,
         RerunResolution,
         RunAttention,
         RunResult,
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
         SessionSnapshot,
         SessionSummary,
         ToolInterrupted,
+        UsageLimits,
         VersionIncompatible,
         VersionMissing,
     )
@@ -73,6 +76,7 @@ if TYPE_CHECKING:
         tool_call,
     )
     from durably.plugin import DurablyPlugin
+    from durably.pricing import Price
     from durably.registry import AgentRegistry
     from durably.tasks import TaskRegistration, task
     from durably.tools import Tool, ToolContext, ToolError, question_tool, tool
@@ -138,6 +142,10 @@ _EXPORTS = {
     "ToolContext": "durably.tools",
     "ToolError": "durably.tools",
     "ToolInterrupted": "durably.contract",
+    "UsageLimits": "durably.contract",
+    "BudgetExceeded": "durably.contract",
+    "RaiseLimitsAccepted": "durably.contract",
+    "Price": "durably.pricing",
     "ToolResultMessage": "durably.messages",
     "ToolRetry": "durably.agents",
     "ToolSpec": "durably.messages",
@@ -161,6 +169,7 @@ __all__ = [
     "Approval",
     "ApprovalKeys",
     "AssistantMessage",
+    "BudgetExceeded",
     "Denial",
     "DurableClient",
     "DurableConflictError",
@@ -184,6 +193,8 @@ __all__ = [
     "NeededVersion",
     "OpenAIChatModel",
     "OtherAttention",
+    "Price",
+    "RaiseLimitsAccepted",
     "RegistrationError",
     "RerunResolution",
     "RunAttention",
@@ -213,6 +224,7 @@ __all__ = [
     "ToolRetry",
     "ToolSpec",
     "Usage",
+    "UsageLimits",
     "UserMessage",
     "VersionDriftError",
     "VersionIncompatible",

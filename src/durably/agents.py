@@ -28,10 +28,12 @@ from durably.contract import (
     RetrySpec,
     SubagentTarget,
     ToolPolicy,
+    UsageLimits,
 )
 from durably.errors import RegistrationError
 from durably.messages import Message, ToolSpec
 from durably.models import Model
+from durably.pricing import Price
 from durably.tools import Tool, tool_identity
 
 __all__ = ["Agent", "AgentRegistration", "ModelRetry", "ToolRetry"]
@@ -252,6 +254,16 @@ class AgentRegistration:
     deny its calls: each decision must then carry a token signed by a key
     the worker holds (see `durably.approvals`). Without it, anyone who may
     signal the run decides under any name it declares.
+
+    `limits` are what each run may use (tokens, requests, tool calls, cost,
+    wall-clock) before it parks in `needs_attention` (`budget_exceeded`).
+    A run's starter may tighten them, and the starter or an operator
+    (`raise_limits`) may raise them up to `limit_cap` (per field; a field the
+    cap leaves out can go up to `limits`' own value, and one neither sets is
+    unbounded); `max_turns_cap` likewise bounds a run's own `max_turns`.
+    `prices` (model name, or "*", to `Price`) give requests their cost.
+    None of these is in the fingerprint: a run pins the limits it started
+    with, and prices apply when a request completes.
     """
 
     agent: Agent
@@ -265,6 +277,10 @@ class AgentRegistration:
     continue_as_new_events: int = 10_000
     continue_as_new_bytes: int = 10 * 2**20
     approvers: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    limits: UsageLimits | None = None
+    limit_cap: UsageLimits | None = None
+    max_turns_cap: int | None = None
+    prices: Mapping[str, Price] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"registration of agent {self.agent.id!r} version {self.version!r}"
@@ -306,6 +322,7 @@ class AgentRegistration:
             )
         object.__setattr__(self, "tool_recovery", dict(self.tool_recovery))
         self._check_approvers(where)
+        self._check_limits(where)
         try:
             self.fingerprint  # noqa: B018 - computed now, so a bad identity fails here
         except TypeError as err:
@@ -314,6 +331,29 @@ class AgentRegistration:
                 f"booleans, lists and dicts), since every worker must compute the same "
                 f"fingerprint from it: {err}"
             ) from err
+
+    def _check_limits(self, where: str) -> None:
+        for name in ("limits", "limit_cap"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, UsageLimits):
+                raise RegistrationError(
+                    f"{where}: {name} must be a durably.UsageLimits, got {type(value).__name__}"
+                )
+        cap = self.max_turns_cap
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, int) or cap < self.agent.max_turns
+        ):
+            raise RegistrationError(
+                f"{where}: max_turns_cap must be a whole number at least the agent's "
+                f"max_turns ({self.agent.max_turns}), got {cap!r}"
+            )
+        for model, price in self.prices.items():
+            if not isinstance(model, str) or not isinstance(price, Price):
+                raise RegistrationError(
+                    f"{where}: prices maps a model name (or '*') to a durably.Price, "
+                    f"got {model!r}: {price!r}"
+                )
+        object.__setattr__(self, "prices", dict(self.prices))
 
     def _check_approvers(self, where: str) -> None:
         approvers: dict[str, tuple[str, ...]] = {}
@@ -363,6 +403,9 @@ class AgentRegistration:
             continue_as_new_bytes=self.continue_as_new_bytes,
             parts=dict(self.pinned_parts),
             max_parallel_tools=self.agent.max_parallel_tools,
+            limits=self.limits,
+            limit_cap=self.limit_cap,
+            max_turns_cap=self.max_turns_cap,
         )
 
     def _tool_policy(self, t: Tool[Any]) -> ToolPolicy:

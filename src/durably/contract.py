@@ -63,6 +63,7 @@ __all__ = [
     "Approval",
     "ApprovalResponse",
     "Attention",
+    "BudgetExceeded",
     "CloseRequest",
     "ConversationRef",
     "Denial",
@@ -86,6 +87,8 @@ __all__ = [
     "ParkedCall",
     "PinRequest",
     "QuestionResponse",
+    "RaiseLimitsAccepted",
+    "RaiseLimitsRequest",
     "Recovery",
     "RerunResolution",
     "Resolution",
@@ -126,6 +129,7 @@ __all__ = [
     "TranscriptArchive",
     "TranscriptPage",
     "TranscriptRestoreRequest",
+    "UsageLimits",
     "VerifyApprovalRequest",
     "VersionIncompatible",
     "VersionMissing",
@@ -167,6 +171,8 @@ class Handler(StrEnum):
     # From a subagent's run to its parent: its status changed (ChildStatusNote).
     CHILD_STATUS = "child_status"
     RESOLVE_TOOL = "resolve_tool"  # update ResolveToolRequest -> ResolveToolAccepted
+    # update RaiseLimitsRequest -> RaiseLimitsAccepted: a run parked on a limit goes on.
+    RAISE_LIMITS = "raise_limits"
     RETRY = "retry"  # update RetryRequest -> RetryAccepted
     # The signal a person answers with when updates are out of reach (CLI, Web UI).
     RESPOND_SIGNAL = "respond_signal"
@@ -224,6 +230,8 @@ class EventType(StrEnum):
     NEEDS_ATTENTION = "needs_attention"
     RUN_FAILED = "run_failed"
     RETRIED = "retried"
+    # An operator raised the run's usage limits (`raise_limits`).
+    LIMITS_RAISED = "limits_raised"
     # A model request failed and will be tried again (`model_retry`): the run is
     # in `retry_wait` until then.
     RETRY_WAIT = "retry_wait"
@@ -370,6 +378,33 @@ class ConversationRef(_Model):
     digest: str
 
 
+class UsageLimits(_Model):
+    """What one run may use before it parks in `needs_attention` (`budget_exceeded`).
+
+    Each limit is checked before each model request and each tool call as
+    "usage so far >= limit" (a request's tokens are unknown until it is
+    answered, so one request may overshoot by its own size); never in the
+    middle of an operation. None is no limit. `wall_clock_s` counts from
+    the start of the run's chain (continue-as-new does not reset it).
+    Requests and cost count every attempt the run saw, failed ones too.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_tokens: int | None = Field(default=None, ge=1, le=10**15)
+    output_tokens: int | None = Field(default=None, ge=1, le=10**15)
+    total_tokens: int | None = Field(default=None, ge=1, le=10**15)
+    requests: int | None = Field(default=None, ge=1, le=10**9)
+    # 0: the run may call no tools.
+    tool_calls: int | None = Field(default=None, ge=0, le=10**9)
+    cost_usd: float | None = Field(default=None, gt=0, le=10**9, allow_inf_nan=False)
+    wall_clock_s: float | None = Field(default=None, gt=0, le=10**10, allow_inf_nan=False)
+
+    def merged(self, other: UsageLimits) -> UsageLimits:
+        """These limits with each limit `other` sets in its place."""
+        return self.model_copy(update=other.model_dump(exclude_none=True))
+
+
 class RunInput(_Model):
     """The workflow's input; plain JSON so any Temporal client can start a run.
 
@@ -387,6 +422,12 @@ class RunInput(_Model):
     session: ConversationRef | None = None
     # Set by the parent run whose call started this one (SPEC section 16).
     parent: ParentCall | None = None
+    # The caller's limits for this run (SPEC section 17): they may tighten the
+    # registration's, or raise them up to the registration's `limit_cap`.
+    limits: UsageLimits | None = None
+    # The caller's turn budget for this run: at most the agent's `max_turns`, or the
+    # registration's `limit_cap_turns`.
+    max_turns: int | None = Field(default=None, ge=1, le=10_000)
 
 
 class RetrySpec(_Model):
@@ -475,6 +516,12 @@ class AgentPin(_Model):
     # How many calls of one model answer run at once (None: all of them); only runs
     # under the parallel-tools patch read it.
     max_parallel_tools: int | None = None
+    # The registration's usage limits, and how far a caller may raise them (per field;
+    # None: up to the limits themselves) and the turn budget (SPEC section 17). Not part
+    # of the fingerprint, nor of what activities check: tuning them needs no new version.
+    limits: UsageLimits | None = None
+    limit_cap: UsageLimits | None = None
+    max_turns_cap: int | None = None
 
 
 class PinRequest(_Model):
@@ -688,6 +735,21 @@ class ResolveToolAccepted(_Model):
     type: str
 
 
+class RaiseLimitsRequest(_Model):
+    """`raise_limits` update input: new values for some of the run's limits (the others
+    stay), each at most what the registration's `limit_cap` allows."""
+
+    limits: UsageLimits
+    responder: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+
+
+class RaiseLimitsAccepted(_Model):
+    """The limits the run applies now, and the operations it goes on with."""
+
+    limits: UsageLimits
+    resumed: list[str] = Field(default_factory=list)
+
+
 class RetryRequest(_Model):
     """`retry` update input (empty today; a model so fields can be added)."""
 
@@ -827,6 +889,12 @@ class RunEvent(_Model):
     operation: str | None = None
     detail: str | None = None
     count: int = 1
+    # What the operation used (a model request's tokens and cost), if it used anything.
+    usage: Usage | None = None
+
+    @model_serializer(mode="wrap")
+    def _lean(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_nones(handler(self), "usage")
 
 
 class Attention(_Model):
@@ -888,6 +956,18 @@ class ToolInterrupted(_KnownAttention):
     last_error: str | None = None
 
 
+class BudgetExceeded(_KnownAttention):
+    """The run reached one of its usage limits before `operation` (the operation it runs
+    next): raise the limit (`raise_limits`), or cancel the run."""
+
+    reason: Literal["budget_exceeded"] = "budget_exceeded"
+    limit: str
+    value: float
+    used: float
+    operation: str | None = None
+    tool: str | None = None
+
+
 class _VersionAttention(_KnownAttention):
     """`version` is None for a run that asked for the newest version of its agent."""
 
@@ -920,12 +1000,15 @@ def _attention_tag(value: Any) -> str:
     return reason if reason in _ATTENTION_REASONS else "other"
 
 
-_ATTENTION_REASONS = frozenset({"tool_interrupted", "version_missing", "version_incompatible"})
+_ATTENTION_REASONS = frozenset(
+    {"tool_interrupted", "version_missing", "version_incompatible", "budget_exceeded"}
+)
 
 RunAttention = Annotated[
     Annotated[ToolInterrupted, Tag("tool_interrupted")]
     | Annotated[VersionMissing, Tag("version_missing")]
     | Annotated[VersionIncompatible, Tag("version_incompatible")]
+    | Annotated[BudgetExceeded, Tag("budget_exceeded")]
     | Annotated[OtherAttention, Tag("other")],
     Discriminator(_attention_tag),
 ]
@@ -978,6 +1061,9 @@ class RunSnapshot(_Model):
     attempt: int | None = None
     turns: int = 0
     usage: Usage = Field(default_factory=Usage)
+    # The limits the run applies now, and its turn budget (None: not pinned yet).
+    limits: UsageLimits | None = None
+    max_turns: int | None = None
     events: list[RunEvent] = Field(default_factory=list)
     error: str | None = None
     current: str | None = None
@@ -1040,6 +1126,8 @@ class InboxItem(_Model):
     session_id: str | None = None
     # The run whose subagent call started this one, if any.
     parent_run_id: str | None = None
+    # What the run used so far (tokens, requests, tool calls, cost).
+    usage: Usage | None = None
 
 
 class RunResult(_Model):
@@ -1129,6 +1217,11 @@ class RunState(_Model):
     parent: ParentCall | None = None
     # A parent's subagent runs, by the operation of the call that started each.
     children: dict[str, ChildRun] = Field(default_factory=dict)
+    # The caller's limits until the run pins, then the limits it applies (SPEC section
+    # 17); the caller's turn budget; when the chain started (for `wall_clock_s`).
+    limits: UsageLimits | None = None
+    max_turns: int | None = None
+    started_at: datetime | None = None
 
 
 RunInput.model_rebuild()

@@ -64,10 +64,12 @@ from durably.messages import (
     ModelRequest,
     ToolCall,
     ToolResultMessage,
+    Usage,
     UserMessage,
 )
 from durably.models import classify_model_error
 from durably.models._live_text import text_sink
+from durably.pricing import cost_usd, price_for
 from durably.registry import AgentRegistry
 from durably.tools import ToolContext, ToolError, render_result
 
@@ -259,11 +261,12 @@ class AgentActivities:
                     non_retryable=registration.model_retry is None or not verdict.retryable,
                     next_retry_delay=verdict.retry_after,
                 ) from None  # the traceback stays in the worker's log, not in history
+        usage = _priced(registration, response.usage, activity.info().attempt)
         try:
             message = _normalise_calls(response.message)
             result = ModelCallResult(
                 message=message,
-                usage=response.usage,
+                usage=usage,
                 call_errors=_call_errors(registration, message.tool_calls),
             )
         except Exception as exc:
@@ -271,11 +274,18 @@ class AgentActivities:
             _log_failure("the model's answer could not be processed", call.key, exc)
             raise ApplicationError(
                 f"the model's answer could not be processed: {type(exc).__name__}: {exc}",
+                # The request was answered (and billed): the run counts what it used.
+                {"usage": usage.model_dump()},
                 type=ErrorType.POST_PROCESSING,
                 category=_LOGGED,
                 non_retryable=True,
             ) from None
-        _check_result_size(result, "the model's answer", "have the model answer in less")
+        _check_result_size(
+            result,
+            "the model's answer",
+            "have the model answer in less",
+            {"usage": usage.model_dump()},  # the request was answered (and billed)
+        )
         if message.tool_calls:
             self.cache.put_output(run_id, call.key, message)
         else:  # a final answer: the run completes and needs its transcript no more
@@ -459,13 +469,16 @@ def _log_failure(what: str, key: str, exc: BaseException, *, attempt: int | None
     _tracebacks.debug("%s (%s of run %s)", what, key, info.workflow_id, exc_info=exc)
 
 
-def _check_result_size(result: Any, what: str, remedy: str) -> None:
+def _check_result_size(
+    result: Any, what: str, remedy: str, details: dict[str, Any] | None = None
+) -> None:
     """Refuse, with a cause and a remedy, a result Temporal would refuse anyway."""
     size = len(result.model_dump_json())
     if size > _MAX_RESULT_BYTES:
         raise ApplicationError(
             f"{what} is {size:,} bytes, more than one activity result can hold "
             f"({_MAX_RESULT_BYTES:,} bytes, under Temporal's 2 MiB payload limit); {remedy}",
+            *([details] if details else []),
             type=ErrorType.RESULT_TOO_LARGE,
             non_retryable=True,
         )
@@ -488,6 +501,18 @@ def _normalise_calls(message: AssistantMessage) -> AssistantMessage:
 
 def _percent(match: re.Match[str]) -> str:
     return f"%{ord(match.group()):02X}"
+
+
+def _priced(registration: AgentRegistration, usage: Usage, attempt: int) -> Usage:
+    """A request's usage as the run counts it: priced by the registration's prices, and
+    counting Temporal's earlier attempts of it (a worker that died mid-request), whose
+    tokens nobody reported."""
+    if attempt > 1:
+        usage = usage + Usage(requests=attempt - 1)
+    price = price_for(registration.prices, registration.agent.model.identity)
+    if price is not None:
+        usage = usage.model_copy(update={"cost_usd": cost_usd(usage, price)})
+    return usage
 
 
 def _call_errors(registration: AgentRegistration, calls: tuple[ToolCall, ...]) -> dict[str, str]:

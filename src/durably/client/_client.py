@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.common import (
     SearchAttributePair,
@@ -49,6 +49,7 @@ from durably.contract import (
     SessionInput,
     SessionSummary,
     ToolInterrupted,
+    UsageLimits,
 )
 from durably.errors import (
     DurableConflictError,
@@ -116,20 +117,34 @@ class DurableClient:
         return cls(temporal, task_queue=task_queue)
 
     async def start_run(
-        self, agent_id: str, input: str, *, version: str | None = None, run_id: str | None = None
+        self,
+        agent_id: str,
+        input: str,
+        *,
+        version: str | None = None,
+        run_id: str | None = None,
+        limits: UsageLimits | Mapping[str, Any] | None = None,
+        max_turns: int | None = None,
     ) -> RunHandle:
         """Start a run of `agent_id` (newest registered version unless `version`).
 
+        `limits` (`UsageLimits`, or the same as a mapping) and `max_turns` are
+        this run's own: they may tighten the registration's, or raise them up
+        to its `limit_cap` / `max_turns_cap`. A run asking for more than the
+        registration allows ends `failed` once it pins, saying so.
+
         Raises `InvalidRunInputError`, with nothing started, for an empty or
-        overlong agent id or run id, one holding control characters, or an
-        input that is not a string of at most `MAX_RUN_INPUT_BYTES` (UTF-8).
+        overlong agent id or run id, one holding control characters, an
+        input that is not a string of at most `MAX_RUN_INPUT_BYTES` (UTF-8),
+        or limits that are not limits.
         """
         _check_start(agent_id, input, version, run_id)
+        run_input = _run_input(agent_id, input, version, limits, max_turns)
         run_id = run_id if run_id is not None else f"{agent_id}-{uuid.uuid4().hex[:12]}"
         await self._start(
             WORKFLOW_TYPE,
             # What a person reads as the run's Input in the Web UI: no internal fields.
-            RunInput(agent_id=agent_id, input=input, version=version).model_dump(exclude_none=True),
+            run_input.model_dump(mode="json", exclude_none=True),
             workflow_id=run_id,
             what="run",
             search_attributes=[
@@ -402,6 +417,36 @@ def _query(
     elif unfinished is False:
         clauses.append(f"{SA_STATUS.name} IN ({', '.join(map(_quote, _FINISHED))})")
     return " AND ".join(clauses)
+
+
+def _run_input(
+    agent_id: str,
+    input: str,
+    version: str | None,
+    limits: UsageLimits | Mapping[str, Any] | None,
+    max_turns: int | None,
+) -> RunInput:
+    """The start input, or `InvalidRunInputError` naming the limit that does not fit."""
+    try:
+        return RunInput(
+            agent_id=agent_id,
+            input=input,
+            version=version,
+            limits=None if limits is None else UsageLimits.model_validate(_plain(limits)),
+            max_turns=max_turns,
+        )
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "limits"
+        raise InvalidRunInputError(
+            f"{where[:100]}: {first['msg'][:200]}. Nothing was started: limits are "
+            f"{', '.join(UsageLimits.model_fields)} (numbers at least 0), and max_turns a "
+            "whole number from 1."
+        ) from None
+
+
+def _plain(limits: UsageLimits | Mapping[str, Any]) -> Any:
+    return dict(limits) if isinstance(limits, Mapping) else limits
 
 
 def _check_start(agent_id: str, input: str, version: str | None, run_id: str | None) -> None:

@@ -52,6 +52,8 @@ from durably.contract import (
     Interaction,
     JsonResolution,
     LiveItem,
+    RaiseLimitsAccepted,
+    RaiseLimitsRequest,
     RerunResolution,
     ResolveToolAccepted,
     ResolveToolRequest,
@@ -64,6 +66,7 @@ from durably.contract import (
     RunResult,
     RunSnapshot,
     RunStatus,
+    UsageLimits,
 )
 from durably.errors import (
     DurableConflictError,
@@ -614,6 +617,26 @@ class RunHandle:
         request = _request(ResolveToolRequest, operation=operation, resolution=resolution)
         accepted: ResolveToolAccepted = await self._update(
             Handler.RESOLVE_TOOL, request, ResolveToolAccepted
+        )
+        return accepted
+
+    async def raise_limits(
+        self, limits: UsageLimits | Mapping[str, Any], *, responder: str | None = None
+    ) -> RaiseLimitsAccepted:
+        """Set some of the run's usage limits (the others stay): a run parked on a limit
+        (`budget_exceeded`) goes on once it is under every limit again.
+
+        Each value may be at most what the registration's `limit_cap` allows.
+        A value that would leave the parked run still over the limit, or above
+        the cap, is refused with `InvalidResponseError`, changing nothing;
+        `responder` is recorded in the run's events (self-declared).
+        """
+        if isinstance(limits, Mapping):
+            limits = _request(UsageLimits, **dict(limits))
+        _check_type("limits", limits, UsageLimits, "such as {'total_tokens': 20000}")
+        request = _request(RaiseLimitsRequest, limits=limits, responder=responder)
+        accepted: RaiseLimitsAccepted = await self._update(
+            Handler.RAISE_LIMITS, request, RaiseLimitsAccepted
         )
         return accepted
 

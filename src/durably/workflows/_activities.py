@@ -19,6 +19,8 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from durably.contract import (
         ACTIVITY_MODEL,
         ACTIVITY_PIN,
@@ -39,11 +41,12 @@ with workflow.unsafe.imports_passed_through():
         TranscriptRestoreRequest,
         VerifyApprovalRequest,
     )
-    from durably.messages import ToolResultMessage
+    from durably.messages import ToolResultMessage, Usage
     from durably.workflows._machine import PIN
 
 __all__ = [
     "describe",
+    "failed_attempt_usage",
     "failure_details",
     "model_request",
     "next_attempt_in",
@@ -239,6 +242,16 @@ def describe(err: FailureError) -> str:
     if len(text) > _ERROR_KEPT:
         text = f"{text[:_ERROR_KEPT]}... ({len(text)} characters)"
     return text
+
+
+def failed_attempt_usage(err: FailureError) -> Usage:
+    """What a failed model request used: one request, plus the tokens (and cost) of an
+    answer the provider gave that could not be processed."""
+    details = failure_details(err) or {}
+    try:
+        return Usage.model_validate({**details.get("usage", {}), "requests": 1})
+    except (ValidationError, TypeError):  # details from another release: the request alone
+        return Usage(requests=1)
 
 
 def failure_details(err: FailureError) -> dict[str, Any] | None:

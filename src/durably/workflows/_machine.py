@@ -70,6 +70,8 @@ from durably.contract import (
     ModelCallResult,
     OperationKey,
     ParkedCall,
+    RaiseLimitsAccepted,
+    RaiseLimitsRequest,
     RerunResolution,
     ResolveToolRequest,
     RespondAccepted,
@@ -82,6 +84,7 @@ from durably.contract import (
     ToolPolicy,
     TranscriptArchive,
     TranscriptPage,
+    UsageLimits,
     VerifyApprovalRequest,
     operation_id,
 )
@@ -90,9 +93,11 @@ from durably.messages import (
     Message,
     ToolCall,
     ToolResultMessage,
+    Usage,
     UserMessage,
 )
 from durably.tools import render_result
+from durably.workflows._limits import exceeded, raise_problem, start_limits
 from durably.workflows._validation import (
     check_many,
     check_resolution,
@@ -146,6 +151,7 @@ INLINE_LIMIT = 8 * 2**10
 # Attention reasons an activity's failure details may name.
 _VERSION_REASONS = ("version_missing", "version_incompatible")
 SUBAGENT_FAILED = "subagent_failed"
+BUDGET_EXCEEDED = "budget_exceeded"
 # Continue-as-new thresholds before the pin names the registration's.
 _DEFAULT_CAN_EVENTS: int = AgentPin.model_fields["continue_as_new_events"].default
 _DEFAULT_CAN_BYTES: int = AgentPin.model_fields["continue_as_new_bytes"].default
@@ -203,8 +209,12 @@ class RunMachine:
         lean: bool = False,
         parallel: bool = False,
         on_event: Callable[[RunEvent], None] | None = None,
+        limits_apply: Callable[[], bool] = lambda: False,
     ) -> None:
         self.s = state
+        # Whether the run applies usage limits and its own turn budget (the limits
+        # patch): asked only where one would change what the run does.
+        self._limits_apply = limits_apply
         self.run_id = run_id
         self.hardened = hardened
         self.lean = lean
@@ -306,9 +316,19 @@ class RunMachine:
         if history_nearly_full():
             return ContinueAsNew()
         turn = self.s.turns + 1
-        if turn > self.pin.max_turns:
+        limit, own = self.pin.max_turns, self.s.max_turns
+        if own is not None and (turn > own) != (turn > limit) and self._limits_apply():
+            limit = own
+        else:
+            own = None
+        if turn > limit:
+            if own is not None:
+                return OutOfTurns(
+                    f"the run used all {own} turns its starter gave it (max_turns) without "
+                    "a final answer; start it again with more turns, or change the input"
+                )
             return OutOfTurns(
-                f"the agent used all {self.pin.max_turns} turns (max_turns) without a "
+                f"the agent used all {limit} turns (max_turns) without a "
                 "final answer; raise Agent.max_turns in a new version, or change the "
                 "instructions so the model finishes sooner"
             )
@@ -432,6 +452,7 @@ class RunMachine:
             EventType.MODEL_COMPLETED,
             str(step.key),
             f"{len(calls)} tool call(s)" if calls else "final answer",
+            usage=answer.usage,
         )
         return not calls
 
@@ -696,7 +717,8 @@ class RunMachine:
         if self.parallel:
             where = str(key) if key else None
             taken = self.decisions.pop(where)
-            self._record_decision(taken, where)
+            if not any(p.operation == where and _on_budget(p) for p in self.s.parked):
+                self._record_decision(taken, where)  # a raised limit has its own event
             self.s.parked = [p for p in self.s.parked if p.operation != where]
             self._settle()
             return taken
@@ -737,6 +759,98 @@ class RunMachine:
             s.status = RunStatus.WAITING
         else:
             s.status = RunStatus.RUNNING
+
+    # -- usage limits (SPEC section 17) --------------------------------------------
+
+    def start_limits(self) -> str | None:
+        """The limits the run applies from its pin and its starter's request (once, after
+        it pins), or why the request is refused."""
+        s = self.s
+        limits, problem = start_limits(self.pin, s.limits, s.max_turns)
+        if problem is not None and self._limits_apply():
+            return problem
+        s.limits = limits
+        return None
+
+    def over_budget(self, key: OperationKey, now: datetime) -> Attention | None:
+        """Why the run must not start operation `key` (a limit it reached), if it must not.
+        A subagent call whose child runs already is not started again: never checked; nor
+        is a run's first model request, before which it used nothing."""
+        s = self.s
+        if s.limits is None or key.kind not in ("model", "tool") or str(key) in s.children:
+            return None
+        if key.kind == "model" and key.turn == 1 and s.usage == Usage():
+            return None  # nothing used yet (and the pin's workflow task: see `agent_run`)
+        elapsed = (now - s.started_at).total_seconds() if s.started_at else 0.0
+        hit = exceeded(s.limits, s.usage, elapsed, "model" if key.kind == "model" else "tool")
+        if hit is None or not self._limits_apply():
+            return None
+        name, value, used = hit
+        detail: dict[str, Any] = {
+            "limit": name,
+            "value": value,
+            "used": used,
+            "operation": str(key),
+            "usage": s.usage.model_dump(),
+        }
+        if key.kind == "tool":
+            detail["tool"] = self.call_of(key).name
+        return Attention(reason=BUDGET_EXCEEDED, detail=detail)
+
+    def used(self, usage: Usage) -> None:
+        """Count what an operation used outside a committed answer (a tool call when it
+        is scheduled; a failed model attempt)."""
+        self.s.usage = self.s.usage + usage
+
+    def check_raise(self, request: RaiseLimitsRequest, now: datetime) -> UsageLimits:
+        """The limits `raise_limits` would set, or raise why it cannot."""
+        s = self.s
+        if s.pin is None:
+            raise rejection(
+                ErrorType.DURABLE_CONFLICT,
+                f"run {self.run_id!r} has not pinned its agent yet, so its limits are not "
+                "known; try again in a moment",
+            )
+        if not s.status.unfinished:
+            raise rejection(
+                ErrorType.DURABLE_CONFLICT,
+                f"run {self.run_id!r} is {s.status.value}; its limits no longer apply",
+            )
+        problem = raise_problem(s.pin, request.limits)
+        if problem is not None:
+            raise rejection(ErrorType.INVALID_RESPONSE, f"cannot raise the limits: {problem}")
+        limits = (s.limits or UsageLimits()).merged(request.limits)
+        elapsed = (now - s.started_at).total_seconds() if s.started_at else 0.0
+        budget = [p for p in s.parked if _on_budget(p) and p.operation not in self.decisions]
+        still = [exceeded(limits, s.usage, elapsed, _kind(p.operation)) for p in budget]
+        if budget and all(hit is not None for hit in still):
+            name, value, used = next(hit for hit in still if hit is not None)
+            raise rejection(
+                ErrorType.INVALID_RESPONSE,
+                f"run {self.run_id!r} would still be over its {name} limit ({used:g} used, "
+                f"limit {value:g}); raise {name} above {used:g}",
+            )
+        return limits
+
+    def raise_limits(self, request: RaiseLimitsRequest, now: datetime) -> RaiseLimitsAccepted:
+        """Apply `raise_limits`: the new limits, and every operation parked on a limit goes
+        on (one still over a limit parks again, saying which)."""
+        s = self.s
+        s.limits = self.check_raise(request, now)
+        resumed = [
+            p.operation
+            for p in s.parked
+            if _on_budget(p) and p.operation is not None and p.operation not in self.decisions
+        ]
+        for operation in resumed:
+            self.decisions[operation] = "retry"
+        changes = ", ".join(
+            f"{name} {value:g}"
+            for name, value in request.limits.model_dump(exclude_none=True).items()
+        )
+        who = f" by {request.responder}" if request.responder else ""
+        self.event(EventType.LIMITS_RAISED, detail=f"{changes}{who}")
+        return RaiseLimitsAccepted(limits=s.limits, resumed=resumed)
 
     # -- subagents (SPEC section 16) -----------------------------------------------
 
@@ -817,7 +931,10 @@ class RunMachine:
         self.event(EventType.RUN_CANCELLED)
 
     def refuse_input(self, problem: str) -> None:
-        """The start input was refused (the state was made failed from the start)."""
+        """The start input was refused (the state was made failed from the start, or, for
+        limits the registration does not allow, once the run pinned it)."""
+        s = self.s
+        s.status, s.error, s.retryable = RunStatus.FAILED, problem, False
         self.event(EventType.RUN_FAILED, detail=problem)
 
     # -- requests from outside -------------------------------------------------------
@@ -927,7 +1044,12 @@ class RunMachine:
     # -- events ----------------------------------------------------------------------
 
     def event(
-        self, type: EventType, operation: str | None = None, detail: str | None = None
+        self,
+        type: EventType,
+        operation: str | None = None,
+        detail: str | None = None,
+        *,
+        usage: Usage | None = None,
     ) -> None:
         """Record a run event (repeated rejections coalesce; audit kinds are kept apart)."""
         s = self.s
@@ -943,7 +1065,12 @@ class RunMachine:
             return
         s.event_seq += 1
         event = RunEvent(
-            seq=s.event_seq, at=self._clock(), type=type, operation=operation, detail=detail
+            seq=s.event_seq,
+            at=self._clock(),
+            type=type,
+            operation=operation,
+            detail=detail,
+            usage=usage,
         )
         s.events.append(event)
         del s.events[:-_EVENTS_KEPT]
@@ -955,6 +1082,14 @@ class RunMachine:
             same = [e for e in s.audit if _AUDIT_KINDS.get(e.type) == kind]
             if len(same) > _EVENTS_KEPT:
                 s.audit.remove(same[0])
+
+
+def _kind(operation: str | None) -> Literal["model", "tool"]:
+    return "model" if (operation or "").startswith("model:") else "tool"
+
+
+def _on_budget(parked: ParkedCall) -> bool:
+    return parked.attention is not None and parked.attention.reason == BUDGET_EXCEEDED
 
 
 def _question(call: ToolCall, policy: ToolPolicy) -> str | None:

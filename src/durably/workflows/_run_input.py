@@ -207,6 +207,9 @@ def initial_state(
         chain=info.first_execution_run_id if hardened else None,
         session=run_input.session,
         parent=run_input.parent,
+        limits=run_input.limits,
+        max_turns=run_input.max_turns,
+        started_at=info.workflow_start_time,
     )
     if not state.input:  # carried without it: see _continuation
         state.input = run_input.input

@@ -60,6 +60,10 @@ _RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = T
 _RESPONSE: TypeAdapter[ApprovalResponse | Answer] = TypeAdapter(Response)
 
 
+# Why a run parked on a usage limit (`RunMachine.over_budget`).
+_BUDGET = "budget_exceeded"
+
+
 def short(value: Any, limit: int = 200) -> str:
     """`repr(value)`, cut to `limit` characters: rejections never echo a huge input."""
     try:
@@ -145,6 +149,8 @@ def check_resolution(
             "open: a rerun would only wait for it again. Retry that run once its cause is "
             "fixed (this run goes on by itself), or resolve this call with json or error",
         )
+    if attention is not None and attention.reason == _BUDGET:
+        raise rejection(ErrorType.DURABLE_CONFLICT, _over_budget(run_id, [entry]))
     if attention is None or attention.reason not in ("tool_interrupted", "subagent_failed"):
         reason = attention.reason if attention else "unknown"
         raise rejection(
@@ -212,7 +218,7 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
                 p.status == RunStatus.NEEDS_ATTENTION
                 and (
                     p.attention is None
-                    or p.attention.reason not in ("tool_interrupted", "subagent_failed")
+                    or p.attention.reason not in ("tool_interrupted", "subagent_failed", _BUDGET)
                 )
             )
         )
@@ -232,7 +238,10 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
             "once their cause is fixed (this run goes on by itself), or resolve_tool this "
             "run's call with json or error",
         )
-    interrupted = [p.operation for p in _blocked(s) if p.operation not in taken]
+    budget = [p for p in _blocked(s) if p.attention is not None and p.attention.reason == _BUDGET]
+    interrupted = [p.operation for p in _blocked(s) if p.operation not in taken and p not in budget]
+    if budget and not interrupted:
+        raise rejection(ErrorType.DURABLE_CONFLICT, _over_budget(run_id, budget))
     if interrupted:
         names = ", ".join(repr(o) for o in interrupted[:10])
         raise rejection(
@@ -249,6 +258,17 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
         )
     _check_retry_one(run_id, s)  # not retryable: say why
     raise rejection(ErrorType.DURABLE_CONFLICT, f"run {run_id!r} has nothing to retry")
+
+
+def _over_budget(run_id: str, parked: list[ParkedCall]) -> str:
+    """What to do about a run parked on a usage limit (retrying would park it again)."""
+    detail = parked[0].attention.detail if parked[0].attention else {}
+    name = detail.get("limit", "a")
+    return (
+        f"run {run_id!r} reached its {name} limit ({detail.get('used', '?'):g} used, limit "
+        f"{detail.get('value', '?'):g}) before {parked[0].operation!r}; raise the limit "
+        "(raise_limits, `durably raise-limits`) to let it go on, or cancel it"
+    )
 
 
 def check_retry(run_id: str, s: RunState, *, taken: set[str | None] | None = None) -> None:
@@ -270,6 +290,8 @@ def _check_retry_one(run_id: str, s: RunState) -> None:
                 "once its cause is fixed (this run goes on by itself), or resolve_tool this "
                 "run's call with json or error",
             )
+        if s.attention.reason == _BUDGET:
+            raise rejection(ErrorType.DURABLE_CONFLICT, _over_budget(run_id, _blocked(s)))
         if s.attention.reason == "tool_interrupted":
             raise rejection(
                 ErrorType.DURABLE_CONFLICT,

@@ -90,6 +90,8 @@ with workflow.unsafe.imports_passed_through():
         OperationKey,
         ParentCall,
         PinRequest,
+        RaiseLimitsAccepted,
+        RaiseLimitsRequest,
         ResolveToolAccepted,
         ResolveToolRequest,
         RespondAccepted,
@@ -112,10 +114,11 @@ with workflow.unsafe.imports_passed_through():
         TranscriptPage,
         operation_id,
     )
-    from durably.messages import AssistantMessage, ToolCall, ToolResultMessage
+    from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, Usage
     from durably.tools import render_result
     from durably.workflows._activities import (
         describe,
+        failed_attempt_usage,
         failure_details,
         model_request,
         next_attempt_in,
@@ -151,6 +154,7 @@ with workflow.unsafe.imports_passed_through():
 __all__ = [
     "PATCHES",
     "PATCH_HARDENED",
+    "PATCH_LIMITS",
     "PATCH_PARALLEL_TOOLS",
     "PATCH_SEED_FIDELITY",
     "PATCH_SUBAGENTS",
@@ -177,12 +181,18 @@ PATCH_PARALLEL_TOOLS = "durably-parallel-tools"
 # run as a child and waits for it; a subagent's run tells its parent its status. Checked
 # where those happen, so runs without subagents record no marker for it.
 PATCH_SUBAGENTS = "durably-subagents"
+# What changed next (SPEC section 17): a run parks in needs_attention (`budget_exceeded`)
+# on reaching a usage limit, and applies its starter's own limits and turn budget. Checked
+# only where a limit would change what the run does (`RunMachine`'s `limits_apply`), so
+# runs that never reach one record no marker for it.
+PATCH_LIMITS = "durably-limits"
 # Every patch since 0.1.0, oldest first.
 PATCHES: tuple[str, ...] = (
     PATCH_HARDENED,
     PATCH_SEED_FIDELITY,
     PATCH_PARALLEL_TOOLS,
     PATCH_SUBAGENTS,
+    PATCH_LIMITS,
 )
 
 T = TypeVar("T")
@@ -216,7 +226,9 @@ class AgentRunWorkflow:
             parallel=self._parallel,
             clock=self._clock,
             on_event=self._live_event,
+            limits_apply=self._limits_apply,
         )
+        self._limits_on: bool | None = None  # see `_limits_apply`
         # A parent's subagent runs, by the key of the call that started each (in memory:
         # replay starts them again, with the same commands); what this run last told its
         # parent (a subagent's run).
@@ -255,9 +267,7 @@ class AgentRunWorkflow:
             if m.s.archive is not None:
                 await self._restore(m.s.archive)
             if m.s.pin is None:
-                m.pinned(await self._operation(PIN, self._pin))
-                self._pin_clock = None
-                self._publish()  # DurablyAgentVersion, from the start of the run
+                await self._pin_run()
             while True:
                 step = m.next_step(self._history_nearly_full)
                 if isinstance(step, CallTools):
@@ -281,6 +291,20 @@ class AgentRunWorkflow:
             self._publish()
             self._live.detach()
             raise
+
+    async def _pin_run(self) -> None:
+        """Pin the registration, and the limits the run applies under it."""
+        m = self._m
+        if self._parallel and (m.s.limits is not None or m.s.max_turns is not None):
+            # Decided before the pin: a patch marker after a local activity's, in the same
+            # workflow task, does not replay.
+            self._limits_apply()
+        m.pinned(await self._operation(PIN, self._pin))
+        self._pin_clock = None
+        problem = m.start_limits() if self._parallel else None
+        if problem is not None:
+            self._refuse_input(problem)
+        self._publish()  # DurablyAgentVersion, from the start of the run
 
     def _refuse_input(self, problem: str) -> NoReturn:
         """End a run whose start input durably cannot accept: failed, and visible as such."""
@@ -380,6 +404,7 @@ class AgentRunWorkflow:
             workflow.set_current_details(
                 f"Starting subagent {md_code(target.agent_id)} for {md_code(str(key))}"
             )
+            m.used(Usage(tool_calls=1))
             self._starting.add(str(key))  # no continue-as-new until its start is known
             try:
                 handle = await self._start_child(key, call, target, child_id)
@@ -540,13 +565,18 @@ class AgentRunWorkflow:
                 )
             except ActivityError as err:
                 attempt = request.attempt or 1
-                if retry is None or is_cancelled_exception(err):
+                if is_cancelled_exception(err):
+                    raise
+                m.used(failed_attempt_usage(err))
+                if retry is None:
                     raise
                 delay = next_attempt_in(err, retry, attempt)
                 if delay is None:
                     raise
                 request = request.model_copy(update={"attempt": attempt + 1})
                 await self._retry_wait(step.key, describe(err), attempt + 1, delay)
+                if (over := self._over_budget(step.key)) is not None:
+                    raise _OverBudget(over) from None
             else:
                 m.sent()
                 return result
@@ -585,6 +615,7 @@ class AgentRunWorkflow:
         self, key: OperationKey, call: ToolCall, gate: asyncio.Semaphore | None = None
     ) -> tuple[ToolResultMessage, bool]:
         m = self._m
+        m.used(Usage(tool_calls=1))
         if not self._parallel:
             workflow.set_current_details(
                 f"Running tool {md_code(call.name)} ({md_code(str(key))}, "
@@ -622,9 +653,17 @@ class AgentRunWorkflow:
         while True:
             if m.parked_on(key):
                 decision = await self._until_decided(key)
+            elif (over := self._over_budget(key)) is not None:
+                decision = await self._park(
+                    RunStatus.NEEDS_ATTENTION, error="", key=key, attention=over
+                )
             else:
                 try:
                     result = await op()
+                except _OverBudget as over_budget:  # before a model request's next attempt
+                    decision = await self._park(
+                        RunStatus.NEEDS_ATTENTION, error="", key=key, attention=over_budget.why
+                    )
                 except _OPERATION_ERRORS as err:
                     if is_cancelled_exception(err):
                         # The run was cancelled while this activity ran; it has stopped.
@@ -692,6 +731,32 @@ class AgentRunWorkflow:
             type=ErrorType.DURABLE_CONFLICT.value,
             non_retryable=True,
         )
+
+    # -- usage limits (SPEC section 17) --------------------------------------------
+
+    def _limits_apply(self) -> bool:
+        """Whether this run applies usage limits: asked only where one would change what
+        it does, so a history from before the limits patch replays as it ran."""
+        if self._limits_on is None:
+            self._limits_on = self._parallel and workflow.patched(PATCH_LIMITS)
+        return self._limits_on
+
+    def _over_budget(self, key: OperationKey) -> Attention | None:
+        return self._m.over_budget(key, workflow.now()) if self._parallel else None
+
+    @workflow.update(name=Handler.RAISE_LIMITS)
+    def raise_limits(self, *payload: Any) -> RaiseLimitsAccepted:
+        with refusals():
+            request = parse_request(RaiseLimitsRequest, payload, Handler.RAISE_LIMITS)
+            accepted = self._m.raise_limits(request, workflow.now())
+        self._publish()
+        return accepted
+
+    @raise_limits.validator
+    def _validate_raise_limits(self, *payload: Any) -> None:
+        with refusals():
+            request = parse_request(RaiseLimitsRequest, payload, Handler.RAISE_LIMITS)
+            self._m.check_raise(request, workflow.now())
 
     # -- continuing as new -------------------------------------------------------------
 
@@ -1094,6 +1159,14 @@ class AgentRunWorkflow:
             await to.signal(name, note)
         except Exception:  # it has closed: nobody waits on this run any more
             workflow.logger.info("a status note found its session or parent closed")
+
+
+class _OverBudget(Exception):
+    """A model request's next attempt would start over a usage limit: the run parks."""
+
+    def __init__(self, why: Attention) -> None:
+        super().__init__(why.reason)
+        self.why = why
 
 
 def _start_value(key: SearchAttributeKey[str]) -> str | None:

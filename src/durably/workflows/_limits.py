@@ -1,0 +1,119 @@
+"""A run's usage limits (SPEC section 17): which apply, how far they may rise, and
+whether the run reached one. Pure functions of the pin, the state and the clock.
+
+A limit is checked before each operation as "usage so far >= limit": a model
+request's tokens are unknown until it is answered, so the request that
+crosses a token or cost limit completes (it may overshoot by its own size)
+and the next operation parks. No estimate parks a run earlier: an estimate
+from the input size and the maximum output would park runs the provider
+would have served within budget. Which limits each operation checks:
+
+============  ===============================================================
+operation     limits checked
+============  ===============================================================
+model         input, output and total tokens, requests, cost, wall-clock
+tool call     tool calls, input, output and total tokens, cost, wall-clock
+============  ===============================================================
+
+(a request limit does not stop the calls of the answer already paid for, and
+a tool-call limit does not stop the model from answering without tools.)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from durably.contract import AgentPin, UsageLimits
+from durably.messages import Usage
+
+__all__ = ["LIMIT_FIELDS", "Exceeded", "ceiling", "exceeded", "raise_problem", "start_limits"]
+
+LIMIT_FIELDS: tuple[str, ...] = tuple(UsageLimits.model_fields)
+_MODEL_ONLY = {"requests"}
+_TOOL_ONLY = {"tool_calls"}
+
+Exceeded = tuple[str, float, float]
+"""The limit reached: its name, its value, and what the run used of it."""
+
+
+def ceiling(pin: AgentPin, name: str) -> float | None:
+    """How high a caller may set limit `name` (None: no bound): the registration's cap
+    for it, else the registration's own limit."""
+    for source in (pin.limit_cap, pin.limits):
+        value = getattr(source, name) if source is not None else None
+        if value is not None:
+            return float(value)
+    return None
+
+
+def _over_ceiling(pin: AgentPin, wanted: UsageLimits) -> str | None:
+    for name in LIMIT_FIELDS:
+        value = getattr(wanted, name)
+        top = ceiling(pin, name)
+        if value is not None and top is not None and value > top:
+            return (
+                f"{name} {value:g} is above what agent {pin.agent_id!r} version "
+                f"{pin.version!r} allows ({top:g}, its registration's "
+                f"{'limit_cap' if _set(pin.limit_cap, name) else 'limits'}); ask for at most "
+                f"{top:g}, or raise limit_cap in the registration"
+            )
+    return None
+
+
+def _set(limits: UsageLimits | None, name: str) -> bool:
+    return limits is not None and getattr(limits, name) is not None
+
+
+def start_limits(
+    pin: AgentPin, requested: UsageLimits | None, max_turns: int | None
+) -> tuple[UsageLimits | None, str | None]:
+    """The limits a run applies from its pin and its starter's request, or why the
+    request cannot be honoured."""
+    if requested is not None:
+        problem = _over_ceiling(pin, requested)
+        if problem is not None:
+            return None, f"the run's limits: {problem}"
+    if max_turns is not None:
+        top = max(pin.max_turns, pin.max_turns_cap or 0)
+        if max_turns > top:
+            return None, (
+                f"the run's max_turns {max_turns} is above what agent {pin.agent_id!r} "
+                f"version {pin.version!r} allows ({top}: its max_turns, or the "
+                "registration's max_turns_cap); ask for at most that"
+            )
+    if pin.limits is None:
+        return requested, None
+    return (pin.limits.merged(requested) if requested is not None else pin.limits), None
+
+
+def raise_problem(pin: AgentPin, wanted: UsageLimits) -> str | None:
+    """Why `raise_limits` cannot set `wanted` (None: it can)."""
+    if not wanted.model_dump(exclude_none=True):
+        return "name at least one limit to raise, e.g. {'limits': {'total_tokens': 20000}}"
+    return _over_ceiling(pin, wanted)
+
+
+def exceeded(
+    limits: UsageLimits | None,
+    usage: Usage,
+    elapsed_s: float,
+    kind: Literal["model", "tool"],
+) -> Exceeded | None:
+    """The first limit the run has reached before an operation of `kind`, if any."""
+    if limits is None:
+        return None
+    used: dict[str, float] = {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "requests": usage.requests,
+        "tool_calls": usage.tool_calls,
+        "cost_usd": usage.cost_usd,
+        "wall_clock_s": elapsed_s,
+    }
+    skip = _TOOL_ONLY if kind == "model" else _MODEL_ONLY
+    for name in LIMIT_FIELDS:
+        value = getattr(limits, name)
+        if name not in skip and value is not None and used[name] >= value:
+            return name, float(value), float(used[name])
+    return None

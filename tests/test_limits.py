@@ -1,0 +1,262 @@
+"""Usage limits and cost (SPEC section 17): a run that reaches a limit parks in
+`needs_attention` (`budget_exceeded`) before its next operation, and goes on when an
+operator raises the limit; cost comes from the registration's prices."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from pydantic import BaseModel
+from temporalio.testing import WorkflowEnvironment
+
+from durably import (
+    Agent,
+    AgentRegistration,
+    BudgetExceeded,
+    DurableClient,
+    DurableConflictError,
+    FunctionModel,
+    InvalidResponseError,
+    InvalidRunInputError,
+    ModelRequest,
+    ModelResponse,
+    Price,
+    RunStatus,
+    ToolContext,
+    Usage,
+    UsageLimits,
+    tool,
+)
+from durably.messages import AssistantMessage, ToolCall
+from durably.models import last_tool_results
+
+from .conftest import Runtimes, binary, cli, record_history, wait_for_status
+from .fake_providers import FakeOpenAI
+
+# USD per million tokens: 1,000 input and 100 output tokens cost $0.013.
+PRICES = {"gpt-4o-mini": Price(input=10.0, output=30.0, cached_input=2.5)}
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+class Order(BaseModel):
+    order: str
+
+
+def shop(model: object, looked_up: list[str], **settings: object) -> AgentRegistration:
+    """An agent with one read-only tool that records every order it looks up."""
+
+    @tool
+    async def lookup(args: Order, ctx: ToolContext) -> str:
+        """Look an order up."""
+        looked_up.append(args.order)
+        return f"order {args.order} shipped"
+
+    agent = Agent(id="shop", model=model, instructions="Answer about orders.", tools=[lookup])  # type: ignore[arg-type]
+    return AgentRegistration(
+        agent,
+        version="1",
+        tool_recovery={"lookup": "safe"},
+        prices=PRICES,
+        **settings,  # type: ignore[arg-type]
+    )
+
+
+def calls(*orders: str) -> AssistantMessage:
+    return AssistantMessage(
+        tool_calls=tuple(
+            ToolCall(id=f"c{n}", name="lookup", arguments={"order": o})
+            for n, o in enumerate(orders, start=1)
+        )
+    )
+
+
+class TestTokenAndCostLimits:
+    async def test_a_token_limit_parks_before_the_next_request_and_raising_it_goes_on(
+        self, client: DurableClient, runtimes: Runtimes, fake_openai: FakeOpenAI
+    ) -> None:
+        fake_openai.script(
+            fake_openai.tool_calls(("call_1", "lookup", {"order": "A-1"}), usage=(1000, 100)),
+            fake_openai.text("A-1 shipped.", usage=(1200, 10), cached=1000),
+        )
+        looked_up: list[str] = []
+        await runtimes.start(
+            [
+                shop(
+                    fake_openai.model(),
+                    looked_up,
+                    limits=UsageLimits(total_tokens=1000),
+                    limit_cap=UsageLimits(total_tokens=10_000),
+                )
+            ]
+        )
+        run = await client.start_run("shop", "Where is A-1?")
+
+        parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        assert len(fake_openai.received) == 1 and looked_up == []
+        attention = parked.attention
+        assert isinstance(attention, BudgetExceeded)
+        assert (attention.limit, attention.value, attention.used) == ("total_tokens", 1000, 1100)
+        assert attention.operation == "tool:1:call_1" and attention.tool == "lookup"
+        assert parked.blocked_operations == ["tool:1:call_1"]
+        assert parked.usage.cost_usd == pytest.approx(0.013)
+        model_event = next(e for e in parked.events if e.type == "model_completed")
+        assert model_event.usage is not None and model_event.usage.input_tokens == 1000
+
+        # What an operator may not do: rerun it as is, go past the cap, stay over the limit.
+        with pytest.raises(DurableConflictError, match="raise_limits"):
+            await run.retry()
+        with pytest.raises(InvalidResponseError, match="10000"):
+            await run.raise_limits({"total_tokens": 20_000})
+        with pytest.raises(InvalidResponseError, match="still be over its total_tokens"):
+            await run.raise_limits(UsageLimits(total_tokens=1050))
+        assert (await run.snapshot()).limits == UsageLimits(total_tokens=1000)
+
+        accepted = await run.raise_limits({"total_tokens": 5000}, responder="ops@example.com")
+        assert accepted.resumed == ["tool:1:call_1"]
+        result = await run.result()
+        assert result.output == "A-1 shipped." and looked_up == ["A-1"]
+        assert len(fake_openai.received) == 2
+        # 1,000 + 200 uncached input at $10/M, 1,000 cached at $2.50/M, 110 output at $30/M.
+        assert result.usage.cost_usd == pytest.approx(0.012 + 0.0025 + 0.0033)
+        assert result.usage.cached_input_tokens == 1000
+        assert result.usage.tool_calls == 1
+        raised = next(e for e in (await run.snapshot()).events if e.type == "limits_raised")
+        assert raised.detail == "total_tokens 5000 by ops@example.com"
+        await record_history(client, run.run_id, "token_limit_parks_then_raised")
+
+    async def test_a_cost_limit_parks_the_next_model_request(
+        self, client: DurableClient, runtimes: Runtimes, fake_openai: FakeOpenAI
+    ) -> None:
+        fake_openai.script(
+            fake_openai.tool_calls(("call_1", "lookup", {"order": "A-1"}), usage=(1000, 100)),
+            fake_openai.text("A-1 shipped.", usage=(10, 5)),
+        )
+        looked_up: list[str] = []
+        await runtimes.start([shop(fake_openai.model(), looked_up)])
+        # A cost limit is not checked before tool calls it did not pay for... it is: the
+        # call parks too, since cost is checked before every operation.
+        run = await client.start_run("shop", "Where is A-1?", limits={"cost_usd": 0.01})
+
+        parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        attention = parked.attention
+        assert isinstance(attention, BudgetExceeded)
+        assert attention.limit == "cost_usd" and attention.used == pytest.approx(0.013)
+        assert len(fake_openai.received) == 1 and looked_up == []
+        # No limit_cap: a caller may raise a limit the registration does not set at all.
+        await run.raise_limits({"cost_usd": 1.0})
+        assert (await run.result()).output == "A-1 shipped."
+
+
+def _answer(request: ModelRequest) -> ModelResponse:
+    """Three lookups, then an answer naming what they returned."""
+    results = last_tool_results(request)
+    if not results:
+        return ModelResponse(message=calls("1", "2", "3"), usage=Usage(requests=1))
+    return ModelResponse(
+        message=AssistantMessage(content=json.dumps([r.content for r in results])),
+        usage=Usage(requests=1),
+    )
+
+
+class TestRequestAndToolCallLimits:
+    async def test_a_tool_call_limit_parks_the_calls_of_a_batch_past_it(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        looked_up: list[str] = []
+        await runtimes.start([shop(FunctionModel(_answer), looked_up)])
+        run = await client.start_run("shop", "Look up 1, 2, 3", limits={"tool_calls": 2})
+
+        parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        assert parked.blocked_operations == ["tool:1:c3"]
+        assert sorted(looked_up) == ["1", "2"]
+        await run.raise_limits({"tool_calls": 3})
+        result = await run.result()
+        assert json.loads(result.output or "") == [f"order {n} shipped" for n in "123"]
+        assert result.usage.tool_calls == 3 and result.usage.requests == 2
+        await record_history(client, run.run_id, "tool_call_limit_in_a_batch")
+
+    async def test_limits_and_max_turns_set_from_the_temporal_cli_json_are_honoured(
+        self,
+        env: WorkflowEnvironment,
+        client: DurableClient,
+        runtimes: Runtimes,
+        task_queue: str,
+    ) -> None:
+        looked_up: list[str] = []
+        await runtimes.start([shop(FunctionModel(_answer), looked_up)])
+
+        async def temporal_start(run_id: str, run_input: dict[str, object]) -> None:
+            done = await cli(
+                binary("temporal"),
+                *("workflow", "start", "--type", "AgentRunWorkflow", "--task-queue", task_queue),
+                *("--address", env.client.service_client.config.target_host),
+                *("--workflow-id", run_id, "--input", json.dumps(run_input)),
+            )
+            assert done.returncode == 0, done.stderr
+
+        await temporal_start(
+            "by-cli", {"agent_id": "shop", "input": "1 2 3", "limits": {"requests": 1}}
+        )
+        run = await client.get_run("by-cli")
+        parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        attention = parked.attention
+        assert isinstance(attention, BudgetExceeded)
+        assert (attention.limit, attention.operation) == ("requests", "model:2")
+        assert sorted(looked_up) == ["1", "2", "3"]  # the answer's calls were paid for
+        await run.raise_limits({"requests": 2})
+        assert (await run.result()).usage.requests == 2
+        await record_history(client, run.run_id, "request_limit_from_the_temporal_cli")
+
+        await temporal_start("one-turn", {"agent_id": "shop", "input": "1 2 3", "max_turns": 1})
+        failed = await wait_for_status(await client.get_run("one-turn"), RunStatus.FAILED)
+        assert "the run used all 1 turns its starter gave it" in (failed.error or "")
+        await record_history(client, "one-turn", "run_max_turns_from_the_temporal_cli")
+
+    async def test_a_run_asking_for_more_than_the_registration_allows_is_refused(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        await runtimes.start(
+            [shop(FunctionModel(_answer), [], limits=UsageLimits(requests=5), max_turns_cap=40)]
+        )
+        run = await client.start_run("shop", "hi", limits={"requests": 6})
+        failed = await wait_for_status(run, RunStatus.FAILED)
+        assert "requests 6 is above what agent 'shop' version '1' allows (5" in (failed.error or "")
+        run = await client.start_run("shop", "hi", max_turns=41)
+        failed = await wait_for_status(run, RunStatus.FAILED)
+        assert "max_turns 41 is above" in (failed.error or "")
+        await record_history(client, run.run_id, "max_turns_above_the_cap_refused")
+        with pytest.raises(InvalidRunInputError, match="tokens"):
+            await client.start_run("shop", "hi", limits={"tokens": 5})
+
+
+class TestAttemptsCount:
+    async def test_a_failed_attempts_tokens_count_toward_the_runs_usage(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        answers = [
+            # An answer no activity result can hold: it fails, but it was paid for.
+            ModelResponse(
+                message=AssistantMessage(content="x" * (2 * 2**20)),
+                usage=Usage(requests=1, input_tokens=500, output_tokens=600_000),
+            ),
+            ModelResponse(
+                message=AssistantMessage(content="short"),
+                usage=Usage(requests=1, input_tokens=500, output_tokens=2),
+            ),
+        ]
+        await runtimes.start([shop(FunctionModel(lambda _: answers.pop(0)), [])])
+        run = await client.start_run("shop", "hi")
+        failed = await wait_for_status(run, RunStatus.FAILED)
+        assert failed.usage.requests == 1 and failed.usage.output_tokens == 600_000
+        await run.retry()
+        result = await run.result()
+        assert result.usage.requests == 2
+        assert (result.usage.input_tokens, result.usage.output_tokens) == (1000, 600_002)
+        await record_history(client, run.run_id, "failed_attempt_usage_counted")
