@@ -198,7 +198,7 @@ class TestOpenAIRuns:
 
         run, result = await run_to_end(client)
 
-        expected = Usage(requests=2, input_tokens=250, output_tokens=30)
+        expected = Usage(requests=2, input_tokens=250, output_tokens=30, tool_calls=1)
         assert result.usage == expected
         assert (await run.snapshot()).usage == expected
 
@@ -219,7 +219,7 @@ class TestAnthropicRuns:
 
         assert result.output == "Order A-1 has shipped."
         assert looked_up == ["A-1"]
-        assert result.usage == Usage(requests=2, input_tokens=200, output_tokens=45)
+        assert result.usage == Usage(requests=2, input_tokens=200, output_tokens=45, tool_calls=1)
         assert (await run.snapshot()).usage == result.usage
         first, second = fake_anthropic.received
         assert first.path == second.path == "/v1/messages"
@@ -327,7 +327,8 @@ class TestBothProviders:
         after_500, after_429 = fake.gaps()
         assert INITIAL_DELAY_MS / 1000 * 0.95 <= after_500 < 1.8
         assert after_429 >= 1.95  # the policy's backoff alone is capped at max_delay, 1 s
-        assert result.usage == Usage(requests=1, input_tokens=10, output_tokens=5)
+        # The failed attempts count as requests (the provider answered none of them).
+        assert result.usage == Usage(requests=3, input_tokens=10, output_tokens=5)
 
     async def test_a_400_is_retried_under_model_retry_like_any_error(
         self, client: DurableClient, runtimes: Runtimes, fake: FakeProvider

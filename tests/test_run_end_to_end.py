@@ -82,7 +82,7 @@ async def test_two_tool_turns_complete_with_snapshot_usage_and_search_attributes
 
     assert result.output == "found: article about wifi"
     assert result.turns == 3
-    assert result.usage == Usage(requests=3, input_tokens=60, output_tokens=12)
+    assert result.usage == Usage(requests=3, input_tokens=60, output_tokens=12, tool_calls=2)
     snap = await run.snapshot()
     assert snap.status == RunStatus.COMPLETED
     assert (snap.output, snap.interactions) == ("found: article about wifi", [])

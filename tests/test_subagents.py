@@ -192,9 +192,9 @@ class TestDelegation:
 
         assert result.output == "order A shipped on Monday | done: refunded A"
         assert shop.refunded == ["A"]
-        own = Usage(requests=2, input_tokens=14, output_tokens=14)
+        own = Usage(requests=2, input_tokens=14, output_tokens=14, tool_calls=2)  # delegations
         children = Usage(requests=1, input_tokens=3, output_tokens=3) + Usage(
-            requests=2, input_tokens=10, output_tokens=10
+            requests=2, input_tokens=10, output_tokens=10, tool_calls=1
         )
         assert result.usage == own + children
         assert (await child.snapshot()).parent_run_id == parent.run_id
