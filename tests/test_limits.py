@@ -5,10 +5,15 @@ operator raises the limit; cost comes from the registration's prices."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 
 import pytest
 from pydantic import BaseModel
+from temporalio.api.common.v1 import Payload
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from durably import (
@@ -29,10 +34,20 @@ from durably import (
     UsageLimits,
     tool,
 )
+from durably.contract import Handler
 from durably.messages import AssistantMessage, ToolCall
 from durably.models import last_tool_results
 
-from .conftest import Runtimes, binary, cli, record_history, wait_for_status
+from .conftest import (
+    Runtimes,
+    binary,
+    chain_histories,
+    cli,
+    failed_tasks,
+    history_length,
+    record_history,
+    wait_for_status,
+)
 from .fake_providers import FakeOpenAI
 
 # USD per million tokens: 1,000 input and 100 output tokens cost $0.013.
@@ -260,3 +275,106 @@ class TestAttemptsCount:
         assert result.usage.requests == 2
         assert (result.usage.input_tokens, result.usage.output_tokens) == (1000, 600_002)
         await record_history(client, run.run_id, "failed_attempt_usage_counted")
+
+
+class TestOperatorCommands:
+    async def test_start_with_limits_then_runs_show_inbox_and_raise_limits(
+        self,
+        env: WorkflowEnvironment,
+        client: DurableClient,
+        runtimes: Runtimes,
+        task_queue: str,
+        fake_openai: FakeOpenAI,
+    ) -> None:
+        fake_openai.script(
+            fake_openai.tool_calls(("call_1", "lookup", {"order": "A-1"}), usage=(1000, 100)),
+            fake_openai.text("A-1 shipped.", usage=(10, 5)),
+        )
+        await runtimes.start([shop(fake_openai.model(), [])])
+
+        async def durably(*args: str) -> str:
+            target = env.client.service_client.config.target_host
+            done = await cli(sys.executable, "-m", "durably", *args, "--target", target)
+            assert done.returncode == 0, done.stderr + done.stdout
+            return done.stdout
+
+        await durably(
+            "start", "shop", "Where is A-1?", "--run-id", "cli-limits", "--task-queue", task_queue,
+            "--limit", "total_tokens=500", "--limit", "cost_usd=5", "--max-turns", "4",
+        )  # fmt: skip
+        run = await client.get_run("cli-limits")
+        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+
+        shown = await durably("runs", "show", "cli-limits")
+        assert "budget_exceeded" in shown and "total_tokens 500, cost_usd 5" in shown
+        assert "1,000 input / 100 output tokens" in shown and "$0.0130" in shown
+        assert "1 of 4" in shown
+        inbox = await durably("inbox")
+        assert "total_tokens limit (1100 of 500) is reached" in inbox
+
+        raised = await durably("raise-limits", "cli-limits", "total_tokens=2000", "--as", "ops")
+        assert "Going on with tool:1:call_1" in raised
+        assert (await run.result()).output == "A-1 shipped."
+        items = [i for i in await client.inbox() if i.run_id == "cli-limits"]
+        assert items == []
+
+
+DURABLY_REJECTIONS = ("InvalidResponseError", "DurableConflictError")
+
+
+class TestRaiseLimitsFromAnyCaller:
+    async def test_malformed_and_huge_raise_limits_are_refused_and_change_nothing(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """`raise_limits` sent raw by any Temporal client: each bad payload (wrong shapes,
+        NaN, negatives, unknown limits, near 1 MB of JSON, 5,000 levels deep) is refused
+        as a durably error, adds nothing to history, and fails no workflow task; the
+        signal of that name is recorded as rejected."""
+        looked_up: list[str] = []
+        await runtimes.start(
+            [shop(FunctionModel(_answer), looked_up, limit_cap=UsageLimits(tool_calls=10))]
+        )
+        run = await client.start_run("shop", "1 2 3", limits={"tool_calls": 1})
+        await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+        raw = client.temporal.get_workflow_handle(run.run_id)
+        # 5,000 levels deep, as JSON no serializer would write.
+        deep = RawValue(
+            Payload(
+                metadata={"encoding": b"json/plain"},
+                data=b'{"limits": ' + b"[" * 5_000 + b"1" + b"]" * 5_000 + b"}",
+            )
+        )
+        payloads: list[list[object]] = [
+            [],
+            [None],
+            ["raise"],
+            [{"limits": None}],
+            [{"limits": {}}],
+            [{"limits": {"tool_calls": -1}}],
+            [{"limits": {"tool_calls": 11}}],  # above the cap
+            [{"limits": {"tool_calls": 1}}],  # still over
+            [{"limits": {"cost_usd": float("nan")}}],
+            [{"limits": {"tokens": 5}}],
+            [{"limits": {"tool_calls": "x" * 900_000}}],
+            [{"limits": {"tool_calls": 5}, "responder": "r" * 900_000}],
+            [{"limits": {"tool_calls": 5}}, {"limits": {"tool_calls": 6}}],
+            [deep],
+        ]
+        before = await history_length(client, run)
+        for args in payloads:
+            with pytest.raises(WorkflowUpdateFailedError) as caught:
+                await raw.execute_update(Handler.RAISE_LIMITS, args=args)
+            cause = caught.value.cause
+            assert isinstance(cause, ApplicationError)
+            # Past what JSON decoding takes, the SDK refuses the update before durably sees it.
+            expected = ("RuntimeError",) if args == [deep] else DURABLY_REJECTIONS
+            assert cause.type in expected, cause
+            assert cause.message and len(cause.message) < 2_000
+        await raw.signal(Handler.RAISE_LIMITS, {"limits": {"tool_calls": 5}})
+        assert await history_length(client, run) == before + 1  # the signal alone
+        snap = await run.snapshot()
+        assert snap.status == RunStatus.NEEDS_ATTENTION and snap.limits == UsageLimits(tool_calls=1)
+        assert any(e.type == "signal_rejected" for e in snap.events)
+        assert failed_tasks(await chain_histories(client, run.run_id)) == []
+        await run.raise_limits({"tool_calls": 3})
+        assert (await run.result()).usage.tool_calls == 3 and len(looked_up) == 3

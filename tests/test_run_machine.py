@@ -19,6 +19,7 @@ from durably.contract import (
     ErrorType,
     ModelCallResult,
     OperationKey,
+    RaiseLimitsRequest,
     ResolveToolRequest,
     RespondAccepted,
     RespondRequest,
@@ -28,6 +29,7 @@ from durably.contract import (
     ToolPolicy,
     TranscriptArchive,
     TranscriptPage,
+    UsageLimits,
 )
 from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, Usage
 from durably.workflows._continuation import _latest_answers, carried
@@ -503,3 +505,94 @@ class TestSeveralCallsOfOneTurn:
 
 
 APPROVE_RESPONSE = {"type": "tool-approval", "approved": True}
+
+
+class TestUsageLimits:
+    """SPEC section 17: which limit stops which operation, what a raise may set."""
+
+    @staticmethod
+    def limited(
+        limits: UsageLimits | None,
+        *,
+        cap: UsageLimits | None = None,
+        asked: UsageLimits | None = None,
+        max_turns: int | None = None,
+    ) -> tuple[RunMachine, str | None]:
+        state = RunState(
+            agent_id="desk",
+            input="refund order 7",
+            digest=EMPTY_DIGEST,
+            limits=asked,
+            max_turns=max_turns,
+            started_at=NOW - timedelta(seconds=30),
+        )
+        m = RunMachine(
+            state, run_id="run-1", hardened=True, parallel=True, clock=lambda: NOW,
+            limits_apply=lambda: True,
+        )  # fmt: skip
+        m.pinned(PIN.model_copy(update={"limits": limits, "limit_cap": cap, "max_turns_cap": 5}))
+        return m, m.start_limits()
+
+    def test_each_limit_stops_the_operations_it_applies_to(self) -> None:
+        m, _ = self.limited(UsageLimits(requests=1, tool_calls=1, wall_clock_s=60))
+        model2, tool = OperationKey.model(2), OperationKey.tool(1, "call_0")
+        assert m.over_budget(OperationKey.model(1), NOW) is None  # nothing used yet
+        answer(m, ("lookup", {}))
+        m.used(Usage(tool_calls=1))
+        requests = m.over_budget(model2, NOW)
+        assert requests is not None and requests.detail["limit"] == "requests"
+        calls = m.over_budget(tool, NOW)
+        assert calls is not None and calls.detail["limit"] == "tool_calls"
+        assert calls.detail["tool"] == "lookup"
+        m.s.limits = UsageLimits(wall_clock_s=20)  # started 30 s ago
+        assert m.over_budget(tool, NOW) is not None and m.over_budget(model2, NOW) is not None
+
+    def test_a_caller_may_tighten_or_raise_up_to_the_cap_and_no_further(self) -> None:
+        m, problem = self.limited(
+            UsageLimits(total_tokens=1000, cost_usd=1.0),
+            cap=UsageLimits(total_tokens=5000),
+            asked=UsageLimits(total_tokens=4000, cost_usd=0.5),
+        )
+        assert problem is None
+        assert m.s.limits == UsageLimits(total_tokens=4000, cost_usd=0.5)
+        _, problem = self.limited(UsageLimits(cost_usd=1.0), asked=UsageLimits(cost_usd=2.0))
+        assert problem is not None and "cost_usd 2 is above" in problem
+        _, problem = self.limited(None, asked=UsageLimits(cost_usd=2.0), max_turns=6)
+        assert problem is not None and "max_turns 6" in problem
+
+    def test_a_raise_that_leaves_the_parked_operation_over_its_limit_is_refused(
+        self,
+    ) -> None:
+        m, _ = self.limited(UsageLimits(total_tokens=10), cap=UsageLimits(total_tokens=100))
+        step = m.next_step(lambda: False)
+        assert isinstance(step, RequestModel)
+        message = AssistantMessage(tool_calls=[ToolCall(id="c", name="lookup", arguments={})])
+        m.model_answered(step, ModelCallResult(message=message, usage=Usage(input_tokens=40)))
+        key = OperationKey.tool(1, "c")
+        over = m.over_budget(key, NOW)
+        assert over is not None
+        m.park(RunStatus.NEEDS_ATTENTION, error="", key=key, attention=over)
+        assert m.s.status == RunStatus.NEEDS_ATTENTION
+        with pytest.raises(Rejected, match="still be over its total_tokens"):
+            m.check_raise(RaiseLimitsRequest(limits=UsageLimits(total_tokens=40)), NOW)
+        with pytest.raises(Rejected, match="above what agent"):
+            m.check_raise(RaiseLimitsRequest(limits=UsageLimits(total_tokens=101)), NOW)
+        with pytest.raises(Rejected, match="raise_limits"):
+            m.check_retry()
+        accepted = m.raise_limits(RaiseLimitsRequest(limits=UsageLimits(total_tokens=41)), NOW)
+        assert accepted.resumed == [str(key)]
+        assert m.decided(key) == "retry"
+        assert m.s.status == RunStatus.RUNNING
+        assert events(m)[-2:] == ["needs_attention", "limits_raised"]  # no "retried"
+
+    def test_the_runs_own_turn_budget_ends_it_as_a_turn_budget_failure(self) -> None:
+        m, _ = self.limited(None, max_turns=1)
+        answer(m, ("lookup", {}))
+        m.tool_done(
+            OperationKey.tool(1, "call_0"),
+            ToolCall(id="call_0", name="lookup", arguments={}),
+            ToolResultMessage(call_id="call_0", tool="lookup", content="ok"),
+            resolved=False,
+        )
+        step = m.next_step(lambda: False)
+        assert isinstance(step, OutOfTurns) and "1 turns its starter gave it" in step.error

@@ -1,5 +1,5 @@
-"""Commands that change runs: `start`, `cancel`, `resolve`, `retry`, `approve`,
-`deny` and `answer`.
+"""Commands that change runs: `start`, `cancel`, `resolve`, `retry`, `raise-limits`,
+`approve`, `deny` and `answer`.
 
 An approval or denial is bound to the call it was read with: it carries that
 call's `args_digest` (or the `--digest` the operator reviewed), so a run id
@@ -29,7 +29,7 @@ from durably.cli._connection import Connection, RunId, TaskQueue, command
 from durably.cli._terminal import clip, console, err_console, safe
 from durably.client import DurableClient, RunHandle
 from durably.contract import DEFAULT_TASK_QUEUE, Interaction
-from durably.errors import DurablyError, InvalidRunInputError
+from durably.errors import DurablyError, InvalidResponseError, InvalidRunInputError
 
 Responder = Annotated[
     str,
@@ -50,6 +50,15 @@ Digest = Annotated[
     typer.Option(
         "--digest",
         help="The args_digest you reviewed; refused if the call's arguments differ.",
+        show_default=False,
+    ),
+]
+Limits = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--limit",
+        help="A usage limit as NAME=VALUE (repeatable): input_tokens, output_tokens, "
+        "total_tokens, requests, tool_calls, cost_usd, wall_clock_s.",
         show_default=False,
     ),
 ]
@@ -88,11 +97,17 @@ async def start(
             "--task", help="AGENT_ID is a custom task; INPUT is its argument as a JSON object."
         ),
     ] = False,
+    limit: Limits = None,
+    max_turns: Annotated[
+        int | None,
+        typer.Option("--max-turns", help="This run's turn budget.", show_default=False),
+    ] = None,
     *,
     conn: Connection,
     task_queue: TaskQueue = DEFAULT_TASK_QUEUE,
 ) -> None:
     """Start a run of AGENT_ID with INPUT (of a custom task with --task)."""
+    limits = limit_values(limit or [])
     client = await conn.client(task_queue)
     if as_task:
         try:
@@ -105,7 +120,9 @@ async def start(
             )
         run = await client.start_task(agent_id, argument, version=version, run_id=run_id)
     else:
-        run = await client.start_run(agent_id, input, version=version, run_id=run_id)
+        run = await client.start_run(
+            agent_id, input, version=version, run_id=run_id, limits=limits, max_turns=max_turns
+        )
     console.print(safe(f"Started run {run.run_id}"))
     if wait:
         await print_result(run)
@@ -288,6 +305,48 @@ async def retry(run_id: RunId, *, conn: Connection) -> None:
     accepted = await (await conn.get_run(run_id)).retry()
     what = accepted.operation or "the run"
     console.print(safe(f"Retrying {what} of run {run_id} (was {accepted.previous_status.value})."))
+
+
+@command
+async def raise_limits(
+    run_id: RunId,
+    limits: Annotated[
+        list[str],
+        typer.Argument(
+            help="NAME=VALUE for each limit to set, e.g. total_tokens=20000 cost_usd=2.5.",
+            show_default=False,
+        ),
+    ],
+    responder: Annotated[
+        str | None, typer.Option("--as", help="Who raises them (recorded in the run's events).")
+    ] = None,
+    *,
+    conn: Connection,
+) -> None:
+    """Set a run's usage limits; a run parked on one (budget_exceeded) goes on."""
+    run = await conn.get_run(run_id)
+    accepted = await run.raise_limits(limit_values(limits), responder=responder)
+    now = ", ".join(f"{k} {v:g}" for k, v in accepted.limits.model_dump(exclude_none=True).items())
+    console.print(safe(f"Run {run_id} limits: {now or 'none'}."))
+    if accepted.resumed:
+        console.print(safe(f"Going on with {', '.join(accepted.resumed)}."))
+
+
+def limit_values(pairs: list[str]) -> dict[str, float]:
+    """`NAME=VALUE` arguments as limits (checked by `UsageLimits` when sent)."""
+    values: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not sep or number is None:
+            raise InvalidResponseError(
+                f"a limit is NAME=VALUE with a number, such as total_tokens=20000; got {pair!r}"
+            )
+        values[name.strip()] = int(number) if number.is_integer() else number
+    return values
 
 
 @command

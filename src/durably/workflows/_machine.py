@@ -663,8 +663,7 @@ class RunMachine:
             if failed:
                 self.event(EventType.RUN_FAILED, where, error)
             else:
-                why = attention.reason if attention else error
-                self.event(EventType.NEEDS_ATTENTION, where, why)
+                self.event(EventType.NEEDS_ATTENTION, where, _why(attention, error))
             return
         if self.parked_on(key) and s.status == status and s.error in (None, error):
             return
@@ -1082,6 +1081,16 @@ class RunMachine:
             same = [e for e in s.audit if _AUDIT_KINDS.get(e.type) == kind]
             if len(same) > _EVENTS_KEPT:
                 s.audit.remove(same[0])
+
+
+def _why(attention: Attention | None, error: str) -> str:
+    """A needs_attention event's detail: the reason (and, for a limit, which and how far)."""
+    if attention is None:
+        return error
+    d = attention.detail
+    if attention.reason == BUDGET_EXCEEDED:
+        return f"{BUDGET_EXCEEDED}: {d.get('limit')} {d.get('used', 0):g} of {d.get('value', 0):g}"
+    return attention.reason
 
 
 def _kind(operation: str | None) -> Literal["model", "tool"]:
