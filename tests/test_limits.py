@@ -120,6 +120,7 @@ class TestTokenAndCostLimits:
         assert (attention.limit, attention.value, attention.used) == ("total_tokens", 1000, 1100)
         assert attention.operation == "tool:1:call_1" and attention.tool == "lookup"
         assert parked.blocked_operations == ["tool:1:call_1"]
+        assert "waiting for `durably raise-limits`" in (parked.current or "")  # the Web UI's
         assert parked.usage.cost_usd == pytest.approx(0.013)
         model_event = next(e for e in parked.events if e.type == "model_completed")
         assert model_event.usage is not None and model_event.usage.input_tokens == 1000

@@ -167,6 +167,17 @@ def attention_details(run_id: str, key: str | None, attention: Attention | None,
             "then resolve the operation with its real result (`--json`, `--error`, or "
             "`--rerun` once you know it did not happen)."
         )
+    if attention is not None and attention.reason == "budget_exceeded":
+        d = attention.detail
+        limit = str(d.get("limit"))
+        used = f"{d.get('used', 0):g} used of {d.get('value', 0):g}"
+        return (
+            f"**Needs attention, waiting for `durably raise-limits` {run} "
+            f"{md_code(limit + '=...')}**: the run reached its {md_code(limit)} limit "
+            f"({md_text(used)}) before "
+            f"{md_code(key or '')}.\n\nRaise the limit to let it go on (up to what the "
+            "registration's `limit_cap` allows), or cancel the run."
+        )
     reason = attention.reason if attention else "unknown"
     return (
         f"**Needs attention, waiting for `durably retry` {run}** ({md_text(reason)}): "
