@@ -630,9 +630,15 @@ class TestWireCompatibility:
         byte for byte through today's models, and the transcript digests the run recorded
         come out unchanged: naming the attribute `call_id` changed no byte on the wire."""
         history = _History()
-        for event in WorkflowHistory.from_json(name, HISTORIES[name].read_text()).events:
+        events = WorkflowHistory.from_json(name, HISTORIES[name].read_text()).events
+        for event in events:
             history.read(event)
 
+        refused = events[
+            -1
+        ].workflow_execution_failed_event_attributes.failure.application_failure_info.type
+        if refused == "DurablyInvalidRunInput":
+            return  # a run refused at its start holds no message to check
         assert history.messages > 0
         if history.model_requests:
             assert history.digests > 0, "no recorded digest could be recomputed"
