@@ -4,6 +4,7 @@ operator raises the limit; cost comes from the registration's prices."""
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from collections.abc import Iterator
@@ -11,10 +12,12 @@ from collections.abc import Iterator
 import pytest
 from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError
 from temporalio.common import RawValue
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from durably import (
     Agent,
@@ -37,6 +40,7 @@ from durably import (
 from durably.contract import Handler
 from durably.messages import AssistantMessage, ToolCall
 from durably.models import last_tool_results
+from durably.workflows import AgentRunWorkflow
 
 from .conftest import (
     Runtimes,
@@ -49,6 +53,7 @@ from .conftest import (
     wait_for_status,
 )
 from .fake_providers import FakeOpenAI
+from .test_replay import HISTORIES, recorded_id
 
 # USD per million tokens: 1,000 input and 100 output tokens cost $0.013.
 PRICES = {"gpt-4o-mini": Price(input=10.0, output=30.0, cached_input=2.5)}
@@ -147,7 +152,7 @@ class TestTokenAndCostLimits:
         assert raised.detail == "total_tokens 5000 by ops@example.com"
         await record_history(client, run.run_id, "token_limit_parks_then_raised")
 
-    async def test_a_cost_limit_parks_the_next_model_request(
+    async def test_a_cost_limit_parks_the_next_operation(
         self, client: DurableClient, runtimes: Runtimes, fake_openai: FakeOpenAI
     ) -> None:
         fake_openai.script(
@@ -156,8 +161,7 @@ class TestTokenAndCostLimits:
         )
         looked_up: list[str] = []
         await runtimes.start([shop(fake_openai.model(), looked_up)])
-        # A cost limit is not checked before tool calls it did not pay for... it is: the
-        # call parks too, since cost is checked before every operation.
+        # Cost is checked before every operation: the answer's tool call parks.
         run = await client.start_run("shop", "Where is A-1?", limits={"cost_usd": 0.01})
 
         parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
@@ -174,10 +178,11 @@ def _answer(request: ModelRequest) -> ModelResponse:
     """Three lookups, then an answer naming what they returned."""
     results = last_tool_results(request)
     if not results:
-        return ModelResponse(message=calls("1", "2", "3"), usage=Usage(requests=1))
+        # A custom model may report no requests: each answer counts as one all the same.
+        return ModelResponse(message=calls("1", "2", "3"), usage=Usage(input_tokens=5))
     return ModelResponse(
         message=AssistantMessage(content=json.dumps([r.content for r in results])),
-        usage=Usage(requests=1),
+        usage=Usage(input_tokens=5),
     )
 
 
@@ -379,3 +384,29 @@ class TestRaiseLimitsFromAnyCaller:
         assert failed_tasks(await chain_histories(client, run.run_id)) == []
         await run.raise_limits({"tool_calls": 3})
         assert (await run.result()).usage.tool_calls == 3 and len(looked_up) == 3
+
+
+class TestHistoriesFromBeforeLimits:
+    @pytest.mark.parametrize(
+        "own",
+        [
+            {"max_turns": 0},
+            {"limits": {"tokens": 5}},
+            {"limits": "none", "max_turns": 1},  # valid turns: applied only where it bites
+        ],
+    )
+    async def test_start_inputs_the_old_code_ignored_still_replay(
+        self, own: dict[str, object]
+    ) -> None:
+        """Before the limits patch `limits` and `max_turns` were unknown keys, ignored
+        whatever they held: a run started then with such keys replays as it ran."""
+        name = "durably-parallel-tools/completed_after_model_retry_wait"
+        history = json.loads(HISTORIES[name])
+        started = history["events"][0]["workflowExecutionStartedEventAttributes"]
+        payload = started["input"]["payloads"][0]
+        run_input = json.loads(base64.b64decode(payload["data"]))
+        payload["data"] = base64.b64encode(json.dumps({**run_input, **own}).encode()).decode()
+        replayer = Replayer(workflows=[AgentRunWorkflow], data_converter=pydantic_data_converter)
+        await replayer.replay_workflow(
+            WorkflowHistory.from_json(recorded_id(name), json.dumps(history))
+        )

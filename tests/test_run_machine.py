@@ -7,10 +7,12 @@ what an operator would read: the status, the events, what is pending.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from durably._transcript import EMPTY_DIGEST
 from durably.contract import (
@@ -596,3 +598,35 @@ class TestUsageLimits:
         )
         step = m.next_step(lambda: False)
         assert isinstance(step, OutOfTurns) and "1 turns its starter gave it" in step.error
+
+    def test_a_runs_own_turn_budget_above_the_agents_is_the_one_it_runs_out_of(self) -> None:
+        m, problem = self.limited(None, max_turns=5)  # the agent's is 3, its cap 5
+        assert problem is None
+        for turn in range(1, 6):
+            answer(m, ("lookup", {}))
+            key = OperationKey.tool(turn, "call_0")
+            m.tool_done(
+                key,
+                ToolCall(id="call_0", name="lookup", arguments={}),
+                ToolResultMessage(call_id="call_0", tool="lookup", content="ok"),
+                resolved=False,
+            )
+        step = m.next_step(lambda: False)
+        assert isinstance(step, OutOfTurns) and "all 5 turns its starter gave it" in step.error
+
+    def test_carried_usage_reads_as_the_previous_release_reads_it(self) -> None:
+        """A worker of the release before the new usage fields may take the next run of a
+        chain in a rolling deploy: its `Usage` forbids unknown fields, so the carried
+        state keeps them apart, and this release reads them back whole."""
+
+        class OldUsage(BaseModel):
+            model_config = ConfigDict(extra="forbid")
+            requests: int = 0
+            input_tokens: int = 0
+            output_tokens: int = 0
+
+        usage = Usage(requests=2, input_tokens=9, tool_calls=3, cost_usd=0.25)
+        state = RunState(agent_id="desk", input="x", digest=EMPTY_DIGEST, usage=usage)
+        sent = json.loads(state.model_dump_json())
+        OldUsage.model_validate(sent["usage"])
+        assert RunState.model_validate(sent).usage == usage

@@ -339,6 +339,17 @@ class AgentRegistration:
                 raise RegistrationError(
                     f"{where}: {name} must be a durably.UsageLimits, got {type(value).__name__}"
                 )
+        if self.limits is not None and self.limit_cap is not None:
+            low = [
+                name
+                for name, top in self.limit_cap.model_dump(exclude_none=True).items()
+                if (own := getattr(self.limits, name)) is not None and top < own
+            ]
+            if low:
+                raise RegistrationError(
+                    f"{where}: limit_cap is below limits for {low}; a cap says how far a run's "
+                    "limits may be raised, so it must be at least the limit itself"
+                )
         cap = self.max_turns_cap
         if cap is not None and (
             isinstance(cap, bool) or not isinstance(cap, int) or cap < self.agent.max_turns

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "USAGE_ADDED",
     "AssistantMessage",
     "Message",
     "ModelRequest",
@@ -176,14 +177,15 @@ class Usage(_Frozen):
     @model_serializer(mode="wrap")
     def _lean(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        for key in _USAGE_OPTIONAL:
+        for key in USAGE_ADDED:
             if not data.get(key):
                 data.pop(key, None)
         return data
 
 
-# Usage fields added after 0.1.0: left out of the JSON at zero (history stays as it was).
-_USAGE_OPTIONAL = ("cached_input_tokens", "reasoning_tokens", "tool_calls", "cost_usd")
+# Usage fields added after 0.1.0: left out of the JSON at zero (history stays as it was),
+# and carried apart from the others in `RunState` (see `RunState._old_usage`).
+USAGE_ADDED = ("cached_input_tokens", "reasoning_tokens", "tool_calls", "cost_usd")
 
 
 class ToolSpec(_Frozen):

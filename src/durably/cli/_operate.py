@@ -107,7 +107,7 @@ async def start(
     task_queue: TaskQueue = DEFAULT_TASK_QUEUE,
 ) -> None:
     """Start a run of AGENT_ID with INPUT (of a custom task with --task)."""
-    limits = limit_values(limit or [])
+    limits = limit_values(limit or [], InvalidRunInputError)
     client = await conn.client(task_queue)
     if as_task:
         try:
@@ -332,8 +332,11 @@ async def raise_limits(
         console.print(safe(f"Going on with {', '.join(accepted.resumed)}."))
 
 
-def limit_values(pairs: list[str]) -> dict[str, float]:
-    """`NAME=VALUE` arguments as limits (checked by `UsageLimits` when sent)."""
+def limit_values(
+    pairs: list[str], error: type[DurablyError] = InvalidResponseError
+) -> dict[str, float]:
+    """`NAME=VALUE` arguments as limits (checked by `UsageLimits` when sent); `error` is
+    what a malformed one raises."""
     values: dict[str, float] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -342,7 +345,7 @@ def limit_values(pairs: list[str]) -> dict[str, float]:
         except ValueError:
             number = None
         if not sep or number is None:
-            raise InvalidResponseError(
+            raise error(
                 f"a limit is NAME=VALUE with a number, such as total_tokens=20000; got {pair!r}"
             )
         values[name.strip()] = int(number) if number.is_integer() else number

@@ -245,13 +245,15 @@ def describe(err: FailureError) -> str:
 
 
 def failed_attempt_usage(err: FailureError) -> Usage:
-    """What a failed model request used: one request, plus the tokens (and cost) of an
-    answer the provider gave that could not be processed."""
+    """What a failed model request used: one request (or the attempts its activity made,
+    when Temporal retried it after a crash), plus the tokens and cost of an answer the
+    provider gave that could not be kept."""
     details = failure_details(err) or {}
     try:
-        return Usage.model_validate({**details.get("usage", {}), "requests": 1})
+        usage = Usage.model_validate(details.get("usage") or {})
     except (ValidationError, TypeError):  # details from another release: the request alone
         return Usage(requests=1)
+    return usage.model_copy(update={"requests": max(1, usage.requests)})
 
 
 def failure_details(err: FailureError) -> dict[str, Any] | None:

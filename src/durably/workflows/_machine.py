@@ -100,6 +100,7 @@ from durably.tools import render_result
 from durably.workflows._limits import exceeded, raise_problem, start_limits
 from durably.workflows._validation import (
     check_many,
+    check_name,
     check_resolution,
     check_response,
     check_retry,
@@ -140,6 +141,7 @@ _AUDIT_KINDS: dict[str, str] = {
     EventType.RESOLVED_ERROR: "resolution",
     EventType.RESOLVED_RERUN: "resolution",
     EventType.RETRIED: "retry",
+    EventType.LIMITS_RAISED: "limits",
     EventType.RUN_CANCELLED: "cancel",
 }
 # Events that repeat in a row become one entry with a count.
@@ -274,6 +276,10 @@ class RunMachine:
             return _DEFAULT_CAN_EVENTS, _DEFAULT_CAN_BYTES
         return pin.continue_as_new_events, pin.continue_as_new_bytes
 
+    def turn_budget(self) -> int:
+        """The turns the run may take: its starter's own budget, else the agent's."""
+        return self.s.max_turns or self.pin.max_turns
+
     def model_input(self, step: RequestModel) -> ModelCallInput:
         """The model request of a turn: only what the model has not seen yet."""
         return ModelCallInput(
@@ -317,7 +323,7 @@ class RunMachine:
             return ContinueAsNew()
         turn = self.s.turns + 1
         limit, own = self.pin.max_turns, self.s.max_turns
-        if own is not None and (turn > own) != (turn > limit) and self._limits_apply():
+        if own is not None and turn > min(own, limit) and self._limits_apply():
             limit = own
         else:
             own = None
@@ -815,6 +821,7 @@ class RunMachine:
                 ErrorType.DURABLE_CONFLICT,
                 f"run {self.run_id!r} is {s.status.value}; its limits no longer apply",
             )
+        check_name("responder", request.responder)
         problem = raise_problem(s.pin, request.limits)
         if problem is not None:
             raise rejection(ErrorType.INVALID_RESPONSE, f"cannot raise the limits: {problem}")

@@ -49,6 +49,8 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["EXPECTED", "decode_arguments", "initial_state", "one_raw_argument", "read_run_input"]
 
+# Start input keys the limits patch added (SPEC section 17).
+_LIMIT_KEYS = ("limits", "max_turns")
 EXPECTED = '{"agent_id": "...", "input": "...", "version": null}'
 _MAX_VERSION_CHARS = MAX_NAME_CHARS
 F = TypeVar("F", bound=Callable[..., Any])
@@ -97,9 +99,14 @@ def decode_arguments(payload: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | N
 
 
 def read_run_input(
-    payload: tuple[Any, ...], info: workflow.Info
+    payload: tuple[Any, ...], info: workflow.Info, limits_apply: Callable[[], bool] = bool
 ) -> tuple[RunInput | None, str | None]:
-    """The run's input, or None and what is wrong with it."""
+    """The run's input, or None and what is wrong with it.
+
+    `limits_apply` says whether the run is under the limits patch: before it,
+    `limits` and `max_turns` were unknown keys, ignored whatever they held, and
+    a run started then must replay as it ran.
+    """
     if len(payload) != 1 or not isinstance(payload[0], dict):
         got = f"{len(payload)} inputs" if len(payload) != 1 else short(payload[0], 100)
         return None, f"a run takes one input, a JSON object {EXPECTED}; got {got}"
@@ -133,8 +140,15 @@ def read_run_input(
             "the same input again, repeating its side effects). Start it without, and "
             "schedule runs with Temporal Schedules if they must repeat"
         )
+    own = {k: raw[k] for k in _LIMIT_KEYS if k in raw}
     try:
-        run_input = RunInput.model_validate(raw)
+        run_input = RunInput.model_validate({k: v for k, v in raw.items() if k not in own})
+        if own:
+            try:
+                run_input = RunInput.model_validate(raw)
+            except ValidationError:
+                if limits_apply():
+                    raise
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "(root)"
@@ -176,7 +190,11 @@ def _problem(run_input: RunInput, info: workflow.Info) -> str | None:
 
 
 def initial_state(
-    payload: tuple[Any, ...], info: workflow.Info, *, hardened: bool
+    payload: tuple[Any, ...],
+    info: workflow.Info,
+    *,
+    hardened: bool,
+    limits_apply: Callable[[], bool] = bool,
 ) -> tuple[RunState, str | None]:
     """The run's state from its start input, and why the input was refused (None: it was
     not; the state is then a failed run's)."""
@@ -184,11 +202,12 @@ def initial_state(
     run_input: RunInput | None = None
     if hardened:
         if problem is None:
-            run_input, problem = read_run_input(values, info)
+            run_input, problem = read_run_input(values, info, limits_apply)
     elif problem is not None:  # 0.1.0 failed the task on it
         raise RuntimeError(problem)
     else:  # 0.1.0 trusted its input; its histories replay as they ran
-        run_input = RunInput.model_validate(values[0])
+        raw = {k: v for k, v in values[0].items() if k not in _LIMIT_KEYS}
+        run_input = RunInput.model_validate(raw)
     if run_input is None or problem is not None:
         refused = RunState(
             agent_id=_agent_id_of(values),

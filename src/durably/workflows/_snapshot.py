@@ -94,7 +94,7 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
         turns=s.turns,
         usage=s.usage,
         limits=s.limits if s.pin else None,
-        max_turns=(s.max_turns or s.pin.max_turns) if s.pin else None,
+        max_turns=(s.max_turns or s.pin.max_turns) if s.pin else None,  # see turn_budget
         events=_merged(s.events, s.audit),
         error=s.error,
         next_attempt_at=s.next_attempt_at,

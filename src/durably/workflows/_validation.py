@@ -265,8 +265,8 @@ def _over_budget(run_id: str, parked: list[ParkedCall]) -> str:
     detail = parked[0].attention.detail if parked[0].attention else {}
     name = detail.get("limit", "a")
     return (
-        f"run {run_id!r} reached its {name} limit ({detail.get('used', '?'):g} used, limit "
-        f"{detail.get('value', '?'):g}) before {parked[0].operation!r}; raise the limit "
+        f"run {run_id!r} reached its {name} limit ({detail.get('used', 0):g} used, limit "
+        f"{detail.get('value', 0):g}) before {parked[0].operation!r}; raise the limit "
         "(raise_limits, `durably raise-limits`) to let it go on, or cancel it"
     )
 
@@ -454,15 +454,20 @@ def check_many(
     return checked
 
 
+def check_name(field: str, value: str | None) -> None:
+    """A responder's or client's name: bounded, with no control characters."""
+    if value is not None and (len(value) > MAX_NAME_CHARS or CONTROL_CHARACTERS.search(value)):
+        raise rejection(
+            ErrorType.INVALID_RESPONSE,
+            f"{field} must be at most {MAX_NAME_CHARS} characters with no control "
+            f"characters; got {short(value, 60)}",
+        )
+
+
 def _check_bounds(request: RespondRequest, response: ApprovalResponse | Answer) -> None:
     """What one response may hold: see `durably.contract.MAX_*`."""
-    for field, value in (("responder", request.responder), ("identity", request.identity)):
-        if value is not None and (len(value) > MAX_NAME_CHARS or CONTROL_CHARACTERS.search(value)):
-            raise rejection(
-                ErrorType.INVALID_RESPONSE,
-                f"{field} must be at most {MAX_NAME_CHARS} characters with no control "
-                f"characters; got {short(value, 60)}",
-            )
+    check_name("responder", request.responder)
+    check_name("identity", request.identity)
     if isinstance(response, Answer):
         size = len(response.answer.encode("utf-8", "surrogatepass"))
         if size > MAX_ANSWER_BYTES:
