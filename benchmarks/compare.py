@@ -42,6 +42,9 @@ integrations' sessions (``sessions.py``, whose ``--help`` it takes).
 1-second ``safe`` tool calls of one model answer, durably against raw Temporal
 running the three activities with ``asyncio.gather`` (``parallel_tools.py``).
 
+``python benchmarks/compare.py tracing [--turns 5 50] [--runs N]`` times a run with
+OpenTelemetry tracing on against the same run with it off (``tracing.py``).
+
 ``python benchmarks/compare.py live [--turns 50] [--runs N]`` measures live events
 (``live.py``): the workload's history with no, one and ten followers (also with
 the model's text streamed in pieces) against the floor, and the latency from a
@@ -1577,6 +1580,11 @@ async def main(argv: Sequence[str] | None = None) -> None:
         import live
 
         await live.main(args[1:])
+        return
+    if args[:1] == ["tracing"]:  # what OpenTelemetry tracing costs a run (issue 19)
+        import tracing
+
+        await tracing.main(args[1:])
         return
     plan, docs = parse_args(args)
     if OPENAI in plan.impls:

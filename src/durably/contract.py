@@ -28,7 +28,14 @@ from pydantic import (
 )
 from temporalio.common import SearchAttributeKey
 
-from durably.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, Usage
+from durably.messages import (
+    USAGE_ADDED,
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+)
 
 __all__ = [
     "ACTIVITY_MODEL",
@@ -426,7 +433,7 @@ class RunInput(_Model):
     # registration's, or raise them up to the registration's `limit_cap`.
     limits: UsageLimits | None = None
     # The caller's turn budget for this run: at most the agent's `max_turns`, or the
-    # registration's `limit_cap_turns`.
+    # registration's `max_turns_cap`.
     max_turns: int | None = Field(default=None, ge=1, le=10_000)
 
 
@@ -1067,6 +1074,9 @@ class RunSnapshot(_Model):
     events: list[RunEvent] = Field(default_factory=list)
     error: str | None = None
     current: str | None = None
+    # The run's OpenTelemetry trace id (32 hex digits) when its worker traces runs
+    # (`durably.telemetry`), else None.
+    trace_id: str | None = None
 
     @property
     def interaction(self) -> Interaction | None:
@@ -1222,6 +1232,30 @@ class RunState(_Model):
     limits: UsageLimits | None = None
     max_turns: int | None = None
     started_at: datetime | None = None
+
+    @model_serializer(mode="wrap")
+    def _old_usage(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`usage` as a release before its new fields reads it (`Usage` forbids extra
+        fields there): a worker of that release taking the next run of the chain in a
+        rolling deploy must not refuse it. The new fields travel in `usage_more`."""
+        data: dict[str, Any] = handler(self)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            more = {k: usage.pop(k) for k in USAGE_ADDED if k in usage}
+            if more:
+                data["usage_more"] = more
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_usage(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("usage_more"), dict):
+            data = dict(data)
+            more = data.pop("usage_more")
+            usage = data.get("usage")
+            base = usage.model_dump() if isinstance(usage, Usage) else dict(usage or {})
+            data["usage"] = {**base, **{k: v for k, v in more.items() if k in USAGE_ADDED}}
+        return data
 
 
 RunInput.model_rebuild()

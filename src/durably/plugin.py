@@ -15,12 +15,15 @@ given to a worker alone, it does that to the worker's client.
 Pass `transcript_cache=TranscriptCache(...)` (from `durably.activities`) to
 size the worker's transcript cache (256 MiB by default; `TranscriptCache(0)`
 turns it off), and `approval_keys=` the keys that check signed approvals (by
-default from `DURABLY_APPROVAL_KEYS`, see `durably.approvals`).
+default from `DURABLY_APPROVAL_KEYS`, see `durably.approvals`). `tracing=True` (or
+a `TracerProvider`) traces runs with OpenTelemetry (`durably.telemetry`, the
+`otel` extra).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkerConfig
@@ -33,6 +36,9 @@ from durably.codec import EncryptionCodec
 from durably.errors import RegistrationError
 from durably.registry import AgentRegistry
 from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["DurablyPlugin"]
 
@@ -49,10 +55,17 @@ class DurablyPlugin(SimplePlugin):
             are refused without keys.
         encryption: The codec that encrypts payloads, if any; by default the
             client's own converter decides.
+        tracing: Trace runs with OpenTelemetry: True for the global tracer
+            provider, or a `TracerProvider` (`durably.telemetry`). Given to a
+            client, its workers trace too; a client that already holds
+            durably's tracing interceptor needs none here.
 
     .. versionchanged:: Unreleased
        The `transcript_cache`, `approval_keys` and `encryption` keywords; the
        client's data converter is kept, not replaced.
+
+    .. versionchanged:: Unreleased
+       The `tracing` keyword.
     """
 
     def __init__(
@@ -62,6 +75,7 @@ class DurablyPlugin(SimplePlugin):
         transcript_cache: TranscriptCache | None = None,
         approval_keys: ApprovalKeys | None = None,
         encryption: EncryptionCodec | None = None,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         self.encryption = encryption
         self.registry = registry if isinstance(registry, AgentRegistry) else AgentRegistry(registry)
@@ -70,11 +84,17 @@ class DurablyPlugin(SimplePlugin):
         self.agent_activities = AgentActivities(
             self.registry, cache=transcript_cache, approval_keys=keys
         )
+        interceptors: list[Any] = []
+        if tracing is not False:
+            from durably.telemetry import tracing_interceptor
+
+            interceptors.append(tracing_interceptor(None if tracing is True else tracing))
         super().__init__(
             "durably.DurablyPlugin",
             data_converter=lambda existing: durable_converter(existing, encryption),
             workflows=[AgentRunWorkflow, AgentSessionWorkflow],
             activities=self.agent_activities.methods(),
+            interceptors=interceptors or None,
         )
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:

@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from temporalio.client import Client
@@ -42,6 +42,10 @@ from durably.errors import (
 from durably.observers import Checkpoints, Observer, ObserverHost
 from durably.plugin import DurablyPlugin
 from durably.registry import AgentRegistry
+from durably.telemetry import metrics_runtime, otlp_tracer_provider, traced_client
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["DurableRuntime", "load_registrations", "main"]
 
@@ -92,6 +96,8 @@ class DurableRuntime:
         encryption: EncryptionCodec | None = None,
         observers: Sequence[Observer] = (),
         observer_checkpoints: Checkpoints | None = None,
+        tracing: bool | TracerProvider = False,
+        metrics_bind: str | None = None,
         **worker_options: Any,
     ) -> DurableRuntime:
         """Connect (or use `client`) and register `agents`; executes nothing yet.
@@ -109,18 +115,34 @@ class DurableRuntime:
         start instead. `encryption` (`durably.codec`) encrypts payloads; a
         given client keeps its own converter otherwise. `observers` are fed
         every run's committed events from `resume()` on, checkpointed in
-        `observer_checkpoints` (see `durably.observers`). Other keywords go
-        to Temporal's `Worker`.
+        `observer_checkpoints` (see `durably.observers`). `tracing=True` (the
+        global tracer provider) or a `TracerProvider` traces runs with
+        OpenTelemetry, on the worker and on `runtime.client` (a given client is
+        left as it is; the runtime's is a copy that traces). `metrics_bind`
+        (``"127.0.0.1:9464"``) serves Temporal's and durably's metrics for
+        Prometheus; it needs durably to connect, so not with `client` (connect
+        yours with ``runtime=durably.telemetry.metrics_runtime(...)``). See
+        `durably.telemetry`. Other keywords go to Temporal's `Worker`.
 
         .. versionchanged:: Unreleased
            The `transcript_cache_bytes`, `approval_keys`, `profile`,
-           `strict_versions` and `encryption` keywords.
+           `strict_versions`, `encryption`, `tracing` and `metrics_bind` keywords.
         """
         # Checked before connecting: a bad bound should not cost a connection.
         cache = None if transcript_cache_bytes is None else TranscriptCache(transcript_cache_bytes)
+        if metrics_bind is not None and client is not None:
+            raise ValueError(
+                "metrics_bind needs DurableRuntime.open to connect; a given client keeps its "
+                "own runtime: connect it with runtime=durably.telemetry.metrics_runtime(...)"
+            )
         if client is None:
             durable = await DurableClient.connect(
-                target, namespace, task_queue, profile=profile, encryption=encryption
+                target,
+                namespace,
+                task_queue,
+                profile=profile,
+                encryption=encryption,
+                runtime=None if metrics_bind is None else metrics_runtime(metrics_bind),
             )
         elif isinstance(client, DurableClient):
             if task_queue != DEFAULT_TASK_QUEUE and task_queue != client.task_queue:
@@ -135,6 +157,10 @@ class DurableRuntime:
                 )
         else:
             durable = DurableClient(client, task_queue=task_queue, encryption=encryption)
+        if tracing is not False:  # on the client: its worker and its runs' starts trace
+            durable = DurableClient(
+                traced_client(durable.temporal, tracing), task_queue=durable.task_queue
+            )
         plugin = DurablyPlugin(
             AgentRegistry(agents),
             transcript_cache=cache,
@@ -381,25 +407,65 @@ async def run_worker(
     strict_versions: bool = False,
     client: DurableClient | None = None,
     encryption: EncryptionCodec | None = None,
+    tracing: bool = False,
 ) -> None:
     """Host the registrations at `agents` until `stop` is set (or forever).
 
     `profile`, `transcript_cache_bytes`, `strict_versions`, `client` and
-    `encryption` are `DurableRuntime.open`'s.
+    `encryption` are `DurableRuntime.open`'s. `tracing` traces with the tracer
+    provider the `agents` module set, else with OTLP configured by the
+    environment (`durably.telemetry.otlp_tracer_provider`).
 
     .. versionchanged:: Unreleased
-       The `client` and `encryption` keywords.
+       The `client`, `encryption` and `tracing` keywords.
     """
+    registrations = load_registrations(agents)
+    # After the agents' module is imported: it may have set a tracer provider.
+    exporting = otlp_tracer_provider() if tracing else None
+    try:
+        await _host(
+            registrations,
+            target=target,
+            namespace=namespace,
+            profile=profile,
+            task_queue=task_queue,
+            stop=stop,
+            transcript_cache_bytes=transcript_cache_bytes,
+            strict_versions=strict_versions,
+            client=client,
+            encryption=encryption,
+            tracing=tracing,
+        )
+    finally:
+        if exporting is not None:
+            exporting.shutdown()  # sends what is buffered
+
+
+async def _host(
+    registrations: list[AgentRegistration],
+    *,
+    target: str | None,
+    namespace: str | None,
+    profile: str | None,
+    task_queue: str,
+    stop: asyncio.Event | None,
+    transcript_cache_bytes: int | None,
+    strict_versions: bool,
+    client: DurableClient | None,
+    encryption: EncryptionCodec | None,
+    tracing: bool,
+) -> None:
     runtime = await DurableRuntime.open(
         target,
         namespace,
         task_queue,
-        agents=load_registrations(agents),
+        agents=registrations,
         client=client,
         profile=profile,
         transcript_cache_bytes=transcript_cache_bytes,
         strict_versions=strict_versions,
         encryption=encryption,
+        tracing=tracing,
     )
     await runtime.resume()  # checks the namespace before saying so
     encrypted = runtime.client.temporal.data_converter.payload_codec
@@ -408,6 +474,7 @@ async def run_worker(
         task_queue=runtime.client.task_queue,
         agents=runtime.registry.describe(),
         encrypted=isinstance(encrypted, EncryptionCodec),
+        traced=tracing,
     )
     await runtime.serve(stop or asyncio.Event())
 

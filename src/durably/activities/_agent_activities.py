@@ -71,6 +71,7 @@ from durably.models import classify_model_error
 from durably.models._live_text import text_sink
 from durably.pricing import cost_usd, price_for
 from durably.registry import AgentRegistry
+from durably.telemetry import instrumented
 from durably.tools import ToolContext, ToolError, render_result
 
 __all__ = ["AgentActivities", "ErrorType"]
@@ -224,6 +225,7 @@ class AgentActivities:
     # -- model --------------------------------------------------------------
 
     @activity.defn(name=ACTIVITY_MODEL)
+    @instrumented("model")  # a `chat` span (with tracing on) and counters, per attempt
     async def model_request(self, call: ModelCallInput) -> ModelCallResult:
         """One model request; invalid tool calls in the answer are marked, never run."""
         registration = self._registration(call.agent_id, call.version, call.fingerprint)
@@ -256,6 +258,8 @@ class AgentActivities:
                 _log_failure("model request failed", call.key, exc, attempt=call.attempt)
                 raise ApplicationError(
                     f"model request failed: {type(exc).__name__}: {exc}",
+                    # This attempt and Temporal's earlier ones (workers that died) count.
+                    {"usage": {"requests": activity.info().attempt}},
                     type=ErrorType.MODEL_ERROR,
                     category=_LOGGED,
                     non_retryable=registration.model_retry is None or not verdict.retryable,
@@ -330,6 +334,7 @@ class AgentActivities:
     # -- tools --------------------------------------------------------------
 
     @activity.defn(name=ACTIVITY_TOOL)
+    @instrumented("tool")  # an `execute_tool` span (with tracing on) and counters
     async def tool_call(self, call: ToolCallInput) -> ToolResultMessage:
         """Run one tool call; `ToolError` is a result, anything else is uncertain."""
         registration = self._registration(call.agent_id, call.version, call.fingerprint)
@@ -507,8 +512,9 @@ def _priced(registration: AgentRegistration, usage: Usage, attempt: int) -> Usag
     """A request's usage as the run counts it: priced by the registration's prices, and
     counting Temporal's earlier attempts of it (a worker that died mid-request), whose
     tokens nobody reported."""
-    if attempt > 1:
-        usage = usage + Usage(requests=attempt - 1)
+    # The answered request counts once whatever the model reports (a custom model may
+    # report none), and each earlier attempt Temporal made of it once more.
+    usage = usage.model_copy(update={"requests": max(1, usage.requests) + attempt - 1})
     price = price_for(registration.prices, registration.agent.model.identity)
     if price is not None:
         usage = usage.model_copy(update={"cost_usd": cost_usd(usage, price)})

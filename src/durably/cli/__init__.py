@@ -9,6 +9,7 @@
     durably runs list [--unfinished]     find runs
     durably versions --needed            what unfinished runs pinned (--agents: hosted as such?)
     durably runs show RUN [--json]       read one run's snapshot
+    durably runs stats                   how many runs are in each status
     durably inbox                        what waits for a person, across all runs
     durably follow RUN|SESSION           its events live, the model's text as it is written
     durably serve                        live events over HTTP (SSE) for browsers and apps
@@ -21,6 +22,7 @@
     durably answer RUN TEXT --as NAME    answer the pending question
     durably resolve RUN OP --json V      supply an interrupted tool call's real result
     durably retry RUN                    run a failed run's failed operation again
+    durably raise-limits RUN NAME=VALUE  raise a run's usage limits (budget_exceeded)
     durably cancel RUN                   cancel a run and wait until it has closed
     durably session start AGENT          start a session: one conversation, a run per message
     durably send SESSION TEXT --wait     the session's next message (--if-busy enqueue)
@@ -92,6 +94,7 @@ app.command()(_operate.start)
 app.command()(_operate.cancel)
 app.command()(_operate.resolve)
 app.command()(_operate.retry)
+app.command(name="raise-limits")(_operate.raise_limits)
 app.command()(_operate.approve)
 app.command()(_operate.deny)
 app.command()(_operate.answer)
@@ -105,6 +108,7 @@ app.command()(_web.serve)
 app.command()(_versions.versions)
 runs_app.command("list")(_read.runs_list)
 runs_app.command("show")(_read.runs_show)
+runs_app.command("stats")(_read.runs_stats)
 app.command()(_sessions.send)
 session_app.command("start")(_sessions.session_start)
 session_app.command("show")(_sessions.session_show)

@@ -1,4 +1,5 @@
-"""Commands that read runs and render them: `inbox`, `runs list`, `runs show`.
+"""Commands that read runs and render them: `inbox`, `runs list`, `runs show`,
+`runs stats`.
 
 A run that belongs to a session shows its session id in `inbox` and `runs list`
 (a `session` column, only when some listed run has one).
@@ -35,6 +36,7 @@ from durably.cli._terminal import (
 from durably.client import DurableClient
 from durably.contract import OtherAttention, RunSnapshot, RunStatus, RunSummary
 from durably.errors import DurablyError
+from durably.messages import Usage
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -109,6 +111,36 @@ async def runs_list(
         console.print("No runs found.")
         return
     console.print(_runs_table(runs))
+
+
+@command
+async def runs_stats(
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Only runs of this agent.", show_default=False)
+    ] = None,
+    task_queue: Annotated[
+        str | None,
+        typer.Option("--task-queue", help="Only runs on this task queue.", show_default=False),
+    ] = None,
+    as_json: AsJson = False,
+    *,
+    conn: Connection,
+) -> None:
+    """How many runs are in each status, from visibility.
+
+    A run counts once; an unfinished status (running, waiting, ...) counts open
+    runs only."""
+    stats = await (await conn.client()).run_stats(agent_id=agent, task_queue=task_queue)
+    if as_json:
+        print(json.dumps({s.value: n for s, n in stats.items()}, indent=2))
+        return
+    rows = table()
+    rows.add_column("status", no_wrap=True)
+    rows.add_column("runs", justify="right")
+    for status, count in stats.items():
+        rows.add_row(status_text(status), str(count))
+    rows.add_row(Text("total", style="bold"), Text(str(sum(stats.values())), style="bold"))
+    console.print(rows)
 
 
 @command
@@ -199,12 +231,11 @@ def _snapshot_fields(snap: RunSnapshot) -> Table:
 
     row("status", status_text(snap.status))
     row("agent", f"{snap.agent_id}@{snap.agent_version}" if snap.agent_version else snap.agent_id)
-    usage = snap.usage
-    row(
-        "turns",
-        f"{snap.turns}  ({usage.requests} model request(s), {usage.input_tokens} input / "
-        f"{usage.output_tokens} output tokens)",
-    )
+    row("turns", f"{snap.turns}" + (f" of {snap.max_turns}" if snap.max_turns else ""))
+    row("usage", usage_text(snap.usage))
+    if snap.limits is not None:
+        limits = snap.limits.model_dump(exclude_none=True)
+        row("limits", ", ".join(f"{name} {value:g}" for name, value in limits.items()) or None)
     row("now", safe(snap.current or "", keep_newlines=True))
     if snap.output is not None:
         row("output", safe(snap.output, keep_newlines=True))
@@ -219,9 +250,22 @@ def _snapshot_fields(snap: RunSnapshot) -> Table:
         row("attention", f"{snap.attention.reason} {shown}".strip())
     row("next attempt", local_time(snap.next_attempt_at) if snap.next_attempt_at else None)
     row("attempt", str(snap.attempt) if snap.attempt else None)
+    row("trace", snap.trace_id)
     if snap.error:
         row("error", safe(snap.error, keep_newlines=True, style="red"))
     return fields
+
+
+def usage_text(usage: Usage) -> str:
+    """What a run used, in one line: requests, tokens (cached, reasoning), tools, cost."""
+    tokens = f"{usage.input_tokens:,} input"
+    if usage.cached_input_tokens:
+        tokens += f" ({usage.cached_input_tokens:,} cached)"
+    tokens += f" / {usage.output_tokens:,} output"
+    if usage.reasoning_tokens:
+        tokens += f" ({usage.reasoning_tokens:,} reasoning)"
+    text = f"{usage.requests} model request(s), {tokens} tokens, {usage.tool_calls} tool call(s)"
+    return text + (f", ${usage.cost_usd:,.4f}" if usage.cost_usd else "")
 
 
 def _events_table(snap: RunSnapshot) -> Table:

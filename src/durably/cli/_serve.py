@@ -50,6 +50,37 @@ from durably.errors import DurablyError
 
 T = TypeVar("T")
 
+Otel = Annotated[
+    bool,
+    typer.Option(
+        "--otel",
+        help="Trace runs with OpenTelemetry: to the tracer provider your --agents module "
+        "sets, else to OTLP over HTTP as the OTEL_EXPORTER_OTLP_* variables say "
+        "(needs durably's otel extra).",
+    ),
+]
+Metrics = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics: Temporal's worker "
+        "metrics and durably's counters (e.g. 127.0.0.1:9464).",
+        show_default=False,
+    ),
+]
+
+
+def _serve_metrics(bind: str | None) -> None:
+    """Make every Temporal client this process connects serve metrics at `bind`."""
+    if bind is not None:
+        from temporalio.runtime import Runtime
+
+        from durably.telemetry import metrics_runtime
+
+        Runtime.set_default(metrics_runtime(bind), error_if_already_set=False)
+
+
 # Where a demo run stops: done, or waiting for a person (or an operator).
 _SETTLED = frozenset(
     {
@@ -99,6 +130,8 @@ async def worker(
             f"${ENV_KEYS_FILE}). With a key set, the worker encrypts either way.",
         ),
     ] = False,
+    otel: Otel = False,
+    metrics: Metrics = None,
 ) -> None:
     """Host the agents at `module:attr` until Ctrl-C or SIGTERM, then drain and exit.
 
@@ -107,6 +140,7 @@ async def worker(
     in $DURABLY_ENCRYPTION_KEYS (or $DURABLY_ENCRYPTION_KEYS_FILE). At start,
     each version unfinished runs pinned that these agents lack or define
     differently is logged (`durably versions --needed` shows the same).
+    `--otel` traces runs and `--metrics` serves metrics (`durably.telemetry`).
     """
     from durably.worker import run_worker
 
@@ -116,6 +150,7 @@ async def worker(
             "the keys of this cluster's workers; `durably encryption-key` makes a first one"
         )
     import_from_cwd()
+    _serve_metrics(metrics)  # before connecting: the client's runtime serves them
     await run_worker(
         agents,
         # Connected as every command connects, with the environment's encryption keys.
@@ -124,6 +159,7 @@ async def worker(
         stop=_stop_on_signals(),
         transcript_cache_bytes=None if cache_mb is None else cache_mb * 2**20,
         strict_versions=strict,
+        tracing=otel,
     )
     console.print("Worker stopped.")
 
@@ -161,24 +197,32 @@ async def dev(
     codec_port: Annotated[
         int, typer.Option("--codec-port", help="Port of the codec server (with --encrypt).")
     ] = DEFAULT_PORT,
+    otel: Otel = False,
+    metrics: Metrics = None,
 ) -> None:
     """Run a local Temporal dev server and a worker hosting the support-desk example.
 
     The database is kept, so a rerun finds earlier runs and the worker finishes
-    unfinished ones. Ctrl-C stops the worker, then the server.
+    unfinished ones. Ctrl-C stops the worker, then the server. `--otel` traces runs
+    and `--metrics` serves the worker's metrics (`durably.telemetry`).
     """
     from durably.examples import support_desk
+    from durably.telemetry import otlp_tracer_provider
     from durably.worker import load_registrations
 
     import_from_cwd()
+    _serve_metrics(metrics)
     # Every worker on a task queue must host the same agents: the dev worker
     # hosts the example and the user's agents together.
     registrations = list(support_desk.registrations)
     for spec in agents or []:
         registrations += load_registrations(spec)
     codec, key_note = _dev_encryption(db, encrypt=encrypt)
+    exporting = otlp_tracer_provider("durably-dev") if otel else None
     stop = _stop_on_signals()
     async with contextlib.AsyncExitStack() as stack:
+        if exporting is not None:
+            stack.callback(exporting.shutdown)
         codec_endpoint = None
         if encrypt:
             origins = [f"http://{host}:{ui_port}" for host in ("localhost", "127.0.0.1")]
@@ -189,7 +233,7 @@ async def dev(
         try:
             temporal = await _until(stop, server.start())
             if temporal is not None:
-                setup = _DevSetup(registrations, codec, key_note)
+                setup = _DevSetup(registrations, codec, key_note, tracing=otel)
                 await _serve(temporal, server, stop, setup, demo=demo)
             console.print("Stopping the Temporal dev server …")
         finally:
@@ -223,6 +267,7 @@ class _DevSetup:
     registrations: list[AgentRegistration]
     codec: EncryptionCodec | None
     key_note: str | None  # where the key comes from, for the banner
+    tracing: bool = False
 
 
 def _dev_encryption(db: Path, *, encrypt: bool) -> tuple[EncryptionCodec | None, str | None]:
@@ -265,6 +310,7 @@ async def _serve(
         client=DurableClient(temporal, encryption=setup.codec),
         agents=setup.registrations,
         encryption=setup.codec,
+        tracing=setup.tracing,
     )
     try:
         await runtime.resume()

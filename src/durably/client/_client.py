@@ -18,6 +18,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably._converter import with_durable_converter
@@ -40,6 +41,7 @@ from durably.contract import (
     SA_STATUS,
     SESSION_WORKFLOW_TYPE,
     WORKFLOW_TYPE,
+    BudgetExceeded,
     EventType,
     InboxItem,
     RunInput,
@@ -110,10 +112,15 @@ class DurableClient:
         *,
         profile: str | None = None,
         encryption: EncryptionCodec | None = None,
+        runtime: Runtime | None = None,
     ) -> DurableClient:
         """Connect from arguments, else `TEMPORAL_ADDRESS`/`TEMPORAL_NAMESPACE`/config file;
-        with `encryption`, every payload is encrypted (`durably.codec`)."""
-        temporal = await connect_temporal(target, namespace, profile=profile, encryption=encryption)
+        with `encryption`, every payload is encrypted (`durably.codec`). `runtime`
+        is Temporal's runtime to connect with (e.g. one serving metrics,
+        `durably.telemetry.metrics_runtime`)."""
+        temporal = await connect_temporal(
+            target, namespace, profile=profile, encryption=encryption, runtime=runtime
+        )
         return cls(temporal, task_queue=task_queue)
 
     async def start_run(
@@ -356,6 +363,51 @@ class DurableClient:
         except RPCError as err:
             raise temporal_error(err, self.temporal, "the list of sessions") from err
 
+    async def run_stats(
+        self, *, agent_id: str | None = None, task_queue: str | None = None
+    ) -> dict[RunStatus, int]:
+        """How many runs are in each status, from visibility (every status, zeros too).
+
+        A run counts once, in its chain's newest run. Unfinished statuses count
+        open runs only: a run Temporal terminated keeps the status it had, and
+        is over. Asks the server to group by `DurablyStatus`; one that groups
+        only by `ExecutionStatus` (the dev server does) is asked once per status.
+
+        .. versionadded:: Unreleased
+        """
+        base = _query(agent_id=agent_id, task_queue=task_queue)
+        scopes = {
+            s: f"{base} AND ExecutionStatus = 'Running'" if s.unfinished else base
+            for s in RunStatus
+        }
+        try:
+            try:
+                return await self._grouped_stats(scopes)
+            except RPCError as err:
+                if err.status != RPCStatusCode.INVALID_ARGUMENT:
+                    raise
+            counts = await asyncio.gather(
+                *(
+                    self.temporal.count_workflows(f"{q} AND {SA_STATUS.name} = {_quote(s.value)}")
+                    for s, q in scopes.items()
+                )
+            )
+        except RPCError as err:
+            raise temporal_error(err, self.temporal, "the count of runs") from err
+        return {s: c.count for s, c in zip(scopes, counts, strict=True)}
+
+    async def _grouped_stats(self, scopes: Mapping[RunStatus, str]) -> dict[RunStatus, int]:
+        """`run_stats` in one grouped count per distinct scope."""
+        stats = dict.fromkeys(scopes, 0)
+        for query in dict.fromkeys(scopes.values()):
+            counted = await self.temporal.count_workflows(f"{query} GROUP BY {SA_STATUS.name}")
+            for group in counted.groups:
+                value = group.group_values[0] if group.group_values else None
+                status = next((s for s in RunStatus if s.value == value), None)
+                if status is not None and scopes[status] == query:
+                    stats[status] = group.count
+        return stats
+
     async def needed_versions(
         self, registrations: AgentRegistry | Iterable[AgentRegistration] | None = None
     ) -> list[NeededVersion]:
@@ -440,8 +492,9 @@ def _run_input(
         where = ".".join(str(p) for p in first["loc"]) or "limits"
         raise InvalidRunInputError(
             f"{where[:100]}: {first['msg'][:200]}. Nothing was started: limits are "
-            f"{', '.join(UsageLimits.model_fields)} (numbers at least 0), and max_turns a "
-            "whole number from 1."
+            f"{', '.join(UsageLimits.model_fields)} (tokens and requests whole numbers from 1, "
+            "tool_calls from 0, cost_usd and wall_clock_s above 0), and max_turns a whole "
+            "number from 1."
         ) from None
 
 
@@ -515,6 +568,7 @@ def _inbox_items(snap: RunSnapshot) -> list[InboxItem]:
         "status": snap.status,
         "since": since,
         "parent_run_id": snap.parent_run_id,
+        "usage": snap.usage,
     }
     blocked: list[str | None] = [*snap.blocked_operations]
     if not blocked and snap.status == RunStatus.NEEDS_ATTENTION:
@@ -565,6 +619,11 @@ def _blocked_text(snap: RunSnapshot, operation: str | None) -> str:
     attention = snap.attention if first else None
     if isinstance(attention, ToolInterrupted):
         return f"verify {attention.tool} in the external system, then resolve it"
+    if isinstance(attention, BudgetExceeded):
+        return (
+            f"its {attention.limit} limit ({attention.used:g} of {attention.value:g}) is "
+            "reached: raise it (raise_limits) or cancel the run"
+        )
     if attention is not None and attention.reason == "subagent_failed":
         child = attention.detail.get("child_run_id")
         return f"its subagent run {child} failed: retry that run, or resolve this call"

@@ -6,6 +6,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
+from temporalio.runtime import Runtime
 
 from durably._converter import durable_converter
 from durably.codec import EncryptionCodec
@@ -22,6 +23,7 @@ async def connect_temporal(
     *,
     profile: str | None = None,
     encryption: EncryptionCodec | None = None,
+    runtime: Runtime | None = None,
 ) -> Client:
     """A client from the arguments, else `TEMPORAL_*` variables and the config file.
 
@@ -29,7 +31,8 @@ async def connect_temporal(
     (`temporalio.envconfig`); with nothing set, the local dev server.
     `profile` names the config file's profile (else `TEMPORAL_PROFILE`, else
     `default`). Payloads are converted by pydantic and, with `encryption`,
-    encrypted.
+    encrypted. `runtime` is Temporal's (e.g. one serving metrics,
+    `durably.telemetry.metrics_runtime`); by default the process's.
     """
     try:
         config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
@@ -45,7 +48,9 @@ async def connect_temporal(
         config["namespace"] = namespace
     config.setdefault("target_host", DEFAULT_TARGET)
     try:
-        return await Client.connect(**config, data_converter=durable_converter(None, encryption))
+        return await Client.connect(
+            **config, data_converter=durable_converter(None, encryption), runtime=runtime
+        )
     except RuntimeError as err:  # what the SDK raises when it cannot connect
         raise DurablyError(
             f"cannot connect to Temporal at {config['target_host']} ({err}). Start a local "

@@ -140,6 +140,7 @@ with workflow.unsafe.imports_passed_through():
         RunMachine,
         error_result,
     )
+    from durably.workflows._metrics import run_trace_id, status_published
     from durably.workflows._operator_text import refused_details, status_details
     from durably.workflows._run_input import initial_state, one_raw_argument
     from durably.workflows._snapshot import build_snapshot
@@ -214,7 +215,10 @@ class AgentRunWorkflow:
         self._hardened = workflow.patched(PATCH_HARDENED)
         self._seed_fidelity = workflow.patched(PATCH_SEED_FIDELITY)
         self._parallel = workflow.patched(PATCH_PARALLEL_TOOLS)
-        state, self._input_problem = initial_state(payload, info, hardened=self._hardened)
+        self._limits_on: bool | None = None  # see `_limits_apply`
+        state, self._input_problem = initial_state(
+            payload, info, hardened=self._hardened, limits_apply=self._limits_apply
+        )
         self._run_id = info.workflow_id
         # Followers read these by query; nothing here is recorded (see `_live`).
         self._live = LiveEvents(state.stream_offset)
@@ -228,7 +232,6 @@ class AgentRunWorkflow:
             on_event=self._live_event,
             limits_apply=self._limits_apply,
         )
-        self._limits_on: bool | None = None  # see `_limits_apply`
         # A parent's subagent runs, by the key of the call that started each (in memory:
         # replay starts them again, with the same commands); what this run last told its
         # parent (a subagent's run).
@@ -550,9 +553,11 @@ class AgentRunWorkflow:
         if m.s.status == RunStatus.RETRY_WAIT:  # continued as new while waiting to retry
             request = request.model_copy(update={"attempt": m.s.attempt})
             await self._until_next_attempt()
+            if (over := self._over_budget(step.key)) is not None:
+                raise _OverBudget(over)
         while True:
             workflow.set_current_details(
-                f"Waiting for the model (turn {step.turn} of {m.pin.max_turns})"
+                f"Waiting for the model (turn {step.turn} of {m.turn_budget()})"
             )
             self._live_only(EventType.MODEL_STARTED, step.key, f"attempt {request.attempt or 1}")
             try:
@@ -742,7 +747,11 @@ class AgentRunWorkflow:
         return self._limits_on
 
     def _over_budget(self, key: OperationKey) -> Attention | None:
-        return self._m.over_budget(key, workflow.now()) if self._parallel else None
+        """The limit the run reached before `key`, if any (a model request waiting out its
+        backoff is checked once the wait is over, by `_model`)."""
+        if not self._parallel or self._m.s.status == RunStatus.RETRY_WAIT:
+            return None
+        return self._m.over_budget(key, workflow.now())
 
     @workflow.update(name=Handler.RAISE_LIMITS)
     def raise_limits(self, *payload: Any) -> RaiseLimitsAccepted:
@@ -893,7 +902,9 @@ class AgentRunWorkflow:
 
     @workflow.query(name=Handler.SNAPSHOT)
     def snapshot(self) -> RunSnapshot:
-        return build_snapshot(self._run_id, self._m.s, workflow.get_current_details() or None)
+        snap = build_snapshot(self._run_id, self._m.s, workflow.get_current_details() or None)
+        snap.trace_id = run_trace_id()
+        return snap
 
     @workflow.query(name=Handler.TRANSCRIPT)
     def transcript(self, offset: int, limit: int | None = None) -> TranscriptPage:
@@ -1127,6 +1138,7 @@ class AgentRunWorkflow:
                 self._published[sa.name] = value
         if updates:
             workflow.upsert_search_attributes(updates)
+            status_published(updates, s.agent_id)  # a metric: records no command
         details = status_details(self._run_id, s, running=self._running)
         if details is not None:
             workflow.set_current_details(details)
