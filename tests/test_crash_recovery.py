@@ -88,7 +88,13 @@ class DedupService:
 class WorkerProcess:
     """`durably worker` in its own process group, to be SIGKILLed."""
 
-    def __init__(self, target: str, task_queue: str, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        target: str,
+        task_queue: str,
+        env: dict[str, str],
+        agents: str = "tests.crash_agents:registrations",
+    ) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -96,7 +102,7 @@ class WorkerProcess:
                 "durably",
                 "worker",
                 "--agents",
-                "tests.crash_agents:registrations",
+                agents,
                 "--target",
                 target,
                 "--task-queue",

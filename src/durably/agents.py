@@ -241,7 +241,8 @@ def _check_retry(what: str, attempts: int, initial: int, maximum: int) -> None:
 class AgentRegistration:
     """An agent at a version, with its durability settings.
 
-    Tools not named in `tool_recovery` are `manual`. `heartbeat_timeout` is
+    Tools not named in `tool_recovery` are `manual`, unless the tool declares its own
+    policy (an MCP tool trusted for its annotations, `durably.mcp`). `heartbeat_timeout` is
     how fast a dead worker is noticed while a tool or model request runs; a
     tool's own `heartbeat_timeout` overrides it. A run continues as new (same
     run id, same snapshot) once its history reaches `continue_as_new_events`
@@ -393,7 +394,14 @@ class AgentRegistration:
         return self.agent.id
 
     def recovery(self, tool_name: str) -> Recovery:
-        return self.tool_recovery.get(tool_name, "manual")
+        """`tool_recovery`'s policy for the tool, else the tool's own (an MCP tool's,
+        from its annotations), else `manual`."""
+        own = self.tool_recovery.get(tool_name)
+        if own is not None:
+            return own
+        t = self.agent.tool(tool_name)
+        declared = t.recovery if t is not None else None
+        return declared if declared in _RECOVERIES else "manual"  # type: ignore[return-value]
 
     def pin(self) -> AgentPin:
         """What a run pins at start, fingerprint included."""

@@ -31,9 +31,15 @@ from durably._tool_signature import read_signature
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-__all__ = ["Question", "Tool", "ToolContext", "ToolError", "question_tool", "tool"]
+__all__ = ["Question", "Tool", "ToolContext", "ToolDrift", "ToolError", "question_tool", "tool"]
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
+class ToolDrift(Exception):
+    """The tool's definition outside durably (an MCP server's listing) is no longer the
+    one the run's version pinned: the call is not made, and the run parks in
+    `needs_attention` (`version_incompatible`) until the definitions agree again."""
 
 
 class ToolError(Exception):
@@ -104,6 +110,12 @@ class Tool(Generic[ArgsT]):
     heartbeat_timeout: timedelta | None = None
     start_to_close_timeout: timedelta | None = None
     is_question: bool = False
+    # The recovery policy the tool declares for itself (an MCP tool's, read from its
+    # annotations); a registration's `tool_recovery` overrides it, and None is `manual`.
+    recovery: str | None = None
+    # Where the tool comes from when durably did not build it from a function (an
+    # `MCPToolset`): the worker checks it against its source at startup.
+    origin: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not _TOOL_NAME.fullmatch(self.name):
@@ -279,4 +291,6 @@ def tool_identity(t: Tool[Any]) -> Mapping[str, Any]:
         "requires_approval": t.requires_approval,
         "is_question": t.is_question,
         "approval_timeout_s": t.approval_timeout.total_seconds() if t.approval_timeout else None,
+        # Named only when set, so the fingerprints of function tools stay as they were.
+        **({"recovery": t.recovery} if t.recovery is not None else {}),
     }

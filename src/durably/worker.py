@@ -243,6 +243,7 @@ class DurableRuntime:
             await check_on_start(self.client.temporal)
             if self.strict_versions:
                 await self._check_versions()
+            await self._check_mcp_servers()
             self._task = asyncio.create_task(self.worker.run(), name="durably-worker")
             if not self.strict_versions:
                 self._version_check = asyncio.create_task(
@@ -294,6 +295,50 @@ class DurableRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._mcp_toolsets():
+            from durably.mcp._servers import POOL
+
+            await POOL.close()  # the MCP servers this worker started
+
+    def _mcp_toolsets(self) -> list[Any]:
+        """The MCP toolsets whose tools the hosted agents use (none without the extra)."""
+        if not any(t.origin is not None for r in self.registry.all() for t in r.agent.tools):
+            return []
+        from durably.mcp._locking import toolsets_of
+
+        return toolsets_of(self.registry.all())
+
+    async def _check_mcp_servers(self) -> None:
+        """Compare each MCP server's live tool listing with its toolset's lock file.
+
+        A difference is logged (strict: refused): a run calling a changed
+        tool would park `version_incompatible` rather than call it, so the
+        operator learns of the server's change here first.
+        """
+        problems: list[str] = []
+        for toolset in self._mcp_toolsets():
+            try:
+                drifted = await toolset.live_drift()
+            except DurablyError as err:
+                _log.warning("MCP server unreachable", toolset=toolset.name, error=str(err))
+                problems.append(f"{toolset.name}: {err}")
+                continue
+            if drifted:
+                _log.warning(
+                    "MCP server's tools differ from the toolset's lock file; runs calling "
+                    "those tools will park as version_incompatible",
+                    toolset=toolset.name,
+                    server=toolset.server.describe(),
+                    lock=str(toolset.lock_path),
+                    drift=drifted,
+                )
+                problems += [f"{toolset.name}: {line}" for line in drifted]
+        if problems and self.strict_versions:
+            raise VersionDriftError(
+                "refusing to start (strict_versions): MCP servers differ from their lock "
+                "files:\n" + "\n".join(f"  - {p}" for p in problems) + "\nRestore the "
+                "servers the lock files describe, or lock again under a new agent version."
+            )
 
     async def _check_versions_beside(self) -> None:
         """`_check_versions` beside polling: whatever goes wrong is logged, never raised."""

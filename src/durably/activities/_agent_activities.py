@@ -72,7 +72,7 @@ from durably.models._live_text import text_sink
 from durably.pricing import cost_usd, price_for
 from durably.registry import AgentRegistry
 from durably.telemetry import instrumented
-from durably.tools import ToolContext, ToolError, render_result
+from durably.tools import ToolContext, ToolDrift, ToolError, render_result
 
 __all__ = ["AgentActivities", "ErrorType"]
 
@@ -370,6 +370,21 @@ class AgentActivities:
             raise
         except ToolError as exc:
             result = _error_result(call.call, str(exc) or type(exc).__name__)
+        except ToolDrift as exc:  # nothing was called: the run parks until definitions agree
+            _log_refusal("version_incompatible", call.agent_id, call.version)
+            raise ApplicationError(
+                f"tool {tool.name!r} of agent {call.agent_id!r} version {call.version!r} was "
+                f"not called: {exc}",
+                {
+                    "reason": "version_incompatible",
+                    "agent_id": call.agent_id,
+                    "version": call.version,
+                    "tool": tool.name,
+                },
+                type=ErrorType.VERSION_INCOMPATIBLE,
+                category=_LOGGED,
+                non_retryable=True,
+            ) from None
         except Exception as exc:
             _log_failure("tool raised", call.key, exc)
             raise ApplicationError(

@@ -23,6 +23,8 @@
     durably resolve RUN OP --json V      supply an interrupted tool call's real result
     durably retry RUN                    run a failed run's failed operation again
     durably raise-limits RUN NAME=VALUE  raise a run's usage limits (budget_exceeded)
+    durably mcp lock MODULE[:ATTR]       write MCP toolsets' lock files from their servers
+    durably tools MODULE:ATTR            each registered tool's recovery policy and approval
     durably cancel RUN                   cancel a run and wait until it has closed
     durably session start AGENT          start a session: one conversation, a run per message
     durably send SESSION TEXT --wait     the session's next message (--if-busy enqueue)
@@ -60,6 +62,7 @@ import typer
 from durably.cli import (
     _codec,
     _follow,
+    _mcp,
     _operate,
     _read,
     _serve,
@@ -86,6 +89,8 @@ session_app = typer.Typer(
     help="Sessions: conversations, a run per message (`durably send`).", no_args_is_help=True
 )
 app.add_typer(session_app, name="session")
+mcp_app = typer.Typer(help="MCP tool servers: lock what they serve.", no_args_is_help=True)
+app.add_typer(mcp_app, name="mcp")
 
 app.command()(_setup.setup)
 app.command()(_serve.worker)
@@ -106,6 +111,8 @@ app.command()(_follow.follow)
 app.command()(_follow.observe)
 app.command()(_web.serve)
 app.command()(_versions.versions)
+app.command()(_mcp.tools)
+mcp_app.command("lock")(_mcp.lock)
 runs_app.command("list")(_read.runs_list)
 runs_app.command("show")(_read.runs_show)
 runs_app.command("stats")(_read.runs_stats)

@@ -1,0 +1,78 @@
+"""Writing lock files (`durably mcp lock`) and checking servers against them (a
+worker's start)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import Any
+
+from durably.agents import Agent, AgentRegistration
+from durably.errors import RegistrationError
+from durably.mcp._lock import ToolLock
+from durably.mcp._servers import POOL
+from durably.mcp._toolset import _LOCKING, CREATED_WHILE_LOCKING, MCPToolset
+
+__all__ = ["lock_toolsets", "toolsets_in", "toolsets_of"]
+
+
+def toolsets_in(spec: str) -> list[MCPToolset]:
+    """Every `MCPToolset` the module `spec` makes (`module`), or the ones an attribute
+    names (`module:attr`: toolsets, or registrations and agents using their tools). The
+    module is imported in lock mode: a toolset without its lock file yet has no tools."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise RegistrationError(f"{spec!r}: expected `module` or `module:attr`")
+    token = _LOCKING.set(True)
+    CREATED_WHILE_LOCKING.clear()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise RegistrationError(f"{spec!r}: cannot import it ({err})") from err
+    finally:
+        _LOCKING.reset(token)
+    if attr:
+        value = getattr(module, attr)
+        found = _collect(value if isinstance(value, list | tuple) else [value])
+    else:
+        found = [*_collect(vars(module).values()), *CREATED_WHILE_LOCKING]
+    unique = list({id(t): t for t in found}.values())
+    if not unique:
+        raise RegistrationError(f"{spec!r} defines no MCPToolset")
+    return unique
+
+
+def _collect(values: Iterable[Any]) -> list[MCPToolset]:
+    found: list[MCPToolset] = []
+    for value in values:
+        if isinstance(value, MCPToolset):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            found += _collect(value)
+        elif isinstance(value, AgentRegistration | Agent):
+            agent = value.agent if isinstance(value, AgentRegistration) else value
+            found += [t.origin for t in agent.tools if isinstance(t.origin, MCPToolset)]
+    return found
+
+
+def toolsets_of(registrations: Iterable[Any]) -> list[MCPToolset]:
+    """The toolsets whose tools these registrations' agents use."""
+    return list({id(t): t for t in _collect(list(registrations))}.values())
+
+
+async def lock_toolsets(toolsets: Iterable[MCPToolset]) -> list[tuple[MCPToolset, ToolLock]]:
+    """List each toolset's server and write its lock file."""
+    written = []
+    try:
+        for toolset in toolsets:
+            conn = await POOL.connection(toolset.server)
+            lock = ToolLock(
+                toolset=toolset.name,
+                server=conn.server_info,
+                tools=sorted(conn.tools.values(), key=lambda t: t.name),
+            )
+            lock.write(toolset.lock_path)
+            written.append((toolset, lock))
+    finally:
+        await POOL.close()
+    return written

@@ -1,0 +1,257 @@
+"""Where an MCP server runs, and one open session to it per worker.
+
+A session is opened once per worker process and server (starting a stdio
+server costs about 0.1 s, a call well under a millisecond) and shared by
+every call. The SDK's transports are async context managers that must be
+left in the task that entered them, so each session lives in a task of its
+own (`_Connection._hold`); a session whose server died is opened again on
+the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from durably.errors import DurablyError
+from durably.mcp._lock import LockedTool
+
+__all__ = ["POOL", "HTTPServer", "MCPServerError", "ServerPool", "StdioServer"]
+
+_OPEN_TIMEOUT_S = 30.0
+# The `_meta` key a tools/call request carries the call's operation id under.
+OPERATION_ID_META = "io.durably/operation_id"
+
+
+class MCPServerError(DurablyError):
+    """An MCP server could not be started or reached (the message names it)."""
+
+
+@dataclass(frozen=True)
+class StdioServer:
+    """A server durably starts as a child process and talks to over stdin/stdout.
+
+    `env` is added to a minimal environment (the SDK passes on only `HOME`,
+    `PATH` and a few others): name what the server needs.
+    """
+
+    command: str
+    args: Sequence[str] = ()
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+
+    def describe(self) -> str:
+        return " ".join([self.command, *self.args])
+
+
+@dataclass(frozen=True)
+class HTTPServer:
+    """A server reached over streamable HTTP at `url`, with these headers."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return self.url
+
+
+Server = StdioServer | HTTPServer
+
+
+def _key(server: Server) -> tuple[Any, ...]:
+    if isinstance(server, StdioServer):
+        env = tuple(sorted((server.env or {}).items()))
+        return ("stdio", server.command, tuple(server.args), env, server.cwd)
+    return ("http", server.url, tuple(sorted(server.headers.items())))
+
+
+async def _no_elicitation(context: Any, params: Any) -> Any:
+    """A server asking the person mid-call: not supported yet, and said so to the server
+    (whose tool then fails the call with it)."""
+    import mcp_types
+
+    return mcp_types.ErrorData(
+        code=-32600,
+        message=(
+            "durably does not support elicitation yet: a durable run cannot hold a tool "
+            "call open for a person's answer. Make the tool take what it needs as "
+            "arguments, or ask through a durably question tool"
+        ),
+    )
+
+
+class _Connection:
+    """One open session to one server, held by its own task until closed."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.session: Any = None
+        self.tools: dict[str, LockedTool] = {}
+        self.server_info: dict[str, Any] = {}
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._error: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done() and self._error is None
+
+    async def open(self) -> None:
+        self._task = asyncio.create_task(self._hold(), name=f"durably-mcp {self.server}")
+        try:
+            await asyncio.wait_for(self._ready.wait(), _OPEN_TIMEOUT_S)
+        except TimeoutError:
+            await self.close()
+            raise MCPServerError(
+                f"MCP server `{self.server.describe()}` did not answer within "
+                f"{_OPEN_TIMEOUT_S:g} s of starting"
+            ) from None
+        if self._error is not None:
+            raise MCPServerError(
+                f"MCP server `{self.server.describe()}` could not be started or reached: "
+                f"{_describe(self._error)}"
+            ) from None
+
+    async def _hold(self) -> None:
+        import mcp_types
+        from mcp import ClientSession
+
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(_transport(self.server, stack))
+                session = await stack.enter_async_context(
+                    ClientSession(
+                        read,
+                        write,
+                        client_info=mcp_types.Implementation(name="durably", version="0"),
+                        elicitation_callback=_no_elicitation,
+                    )
+                )
+                init = await session.initialize()
+                self.server_info = init.server_info.model_dump(mode="json", exclude_none=True)
+                self.tools = {t.name: t for t in await list_tools(session)}
+                self.session = session
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as exc:  # a group, from anyio, when the server dies
+            self._error = exc
+            self._ready.set()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def call(self, name: str, arguments: dict[str, Any], operation_id: str) -> Any:
+        try:
+            return await self.session.call_tool(
+                name, arguments, meta={OPERATION_ID_META: operation_id}
+            )
+        except BaseException:
+            if self._task is not None and self._task.done():
+                self._error = self._error or RuntimeError("the server's session ended")
+            raise
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._task, 10)
+
+
+@contextlib.asynccontextmanager
+async def _transport(server: Server, stack: contextlib.AsyncExitStack) -> Any:
+    if isinstance(server, StdioServer):
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        params = StdioServerParameters(
+            command=server.command,
+            args=list(server.args),
+            env=dict(server.env) if server.env is not None else None,
+            cwd=server.cwd,
+        )
+        async with stdio_client(params, errlog=sys.stderr) as streams:
+            yield streams
+        return
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = await stack.enter_async_context(
+        httpx2.AsyncClient(headers=dict(server.headers), timeout=httpx2.Timeout(30.0, read=None))
+    )
+    async with streamable_http_client(server.url, http_client=http) as streams:
+        yield streams[0], streams[1]
+
+
+async def list_tools(session: Any) -> list[LockedTool]:
+    """Every tool the server lists, page by page, as the lock file holds them."""
+    import mcp_types
+
+    tools: list[LockedTool] = []
+    cursor: str | None = None
+    while True:
+        page = await session.list_tools(params=mcp_types.PaginatedRequestParams(cursor=cursor))
+        for t in page.tools:
+            tools.append(
+                LockedTool(
+                    name=t.name,
+                    title=t.title,
+                    description=t.description or "",
+                    input_schema=dict(t.input_schema),
+                    output_schema=dict(t.output_schema) if t.output_schema else None,
+                    annotations=(
+                        t.annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+                        if t.annotations
+                        else {}
+                    ),
+                )
+            )
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
+class ServerPool:
+    """The worker's open sessions, one per server (and event loop)."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[Any, ...], _Connection] = {}
+        self._locks: dict[tuple[Any, ...], asyncio.Lock] = {}
+
+    async def connection(self, server: Server) -> _Connection:
+        loop = asyncio.get_running_loop()
+        key = (id(loop), *_key(server))
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            conn = self._open.get(key)
+            if conn is not None and conn.alive:
+                return conn
+            if conn is not None:  # its server died: open it again
+                await conn.close()
+            conn = _Connection(server)
+            self._open[key] = conn
+            await conn.open()
+            return conn
+
+    async def close(self) -> None:
+        """Close every session of this event loop (a worker stopping)."""
+        loop = asyncio.get_running_loop()
+        mine = [k for k, c in self._open.items() if c.loop is loop]
+        for key in mine:
+            await self._open.pop(key).close()
+            self._locks.pop(key, None)
+
+
+# One pool per worker process.
+POOL = ServerPool()
+
+
+def _describe(exc: BaseException) -> str:
+    """The innermost cause of a (possibly grouped) failure, in one line."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
