@@ -26,9 +26,11 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from durably import DurableClient, RunStatus, ToolContext
 from durably.dev import DevServer
+from durably.examples.files_clerk import NOTE
 from durably.examples.support_desk import AGENT_ID, TicketArgs, create_ticket
 
 from .conftest import binary, cli, eventually, free_ports
+from .mcp_servers import FILESYSTEM_SERVER, NEEDS_REFERENCE_SERVERS
 
 STARTUP = 120.0
 SHUTDOWN = 30.0
@@ -67,12 +69,14 @@ class DurablyDev:
         self._pump = asyncio.create_task(self._read())
 
     @classmethod
-    async def start(cls, db: Path, port: int, ui_port: int, *args: str) -> DurablyDev:
+    async def start(
+        cls, db: Path, port: int, ui_port: int, *args: str, env: dict[str, str] | None = None
+    ) -> DurablyDev:
         proc = await asyncio.create_subprocess_exec(
             binary("durably"), "dev", "--port", str(port), "--ui-port", str(ui_port),
             "--db", str(db), *args,
             cwd=db.parent,
-            env=clean_env(),
+            env={**clean_env(), **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -246,6 +250,37 @@ async def test_dev_demo_completes_one_run_leaves_one_waiting_and_ctrl_c_leaves_n
 
         assert await dev.ctrl_c() == 0, dev.output
         assert "Stopped." in dev.lines
+        dev.assert_nothing_left()
+    finally:
+        await dev.kill()
+
+
+@NEEDS_REFERENCE_SERVERS
+async def test_dev_mcp_example_writes_its_note_through_the_mcp_server_once_approved(
+    tmp_path: Path,
+) -> None:
+    """`durably dev --demo --mcp-example` hosts the files-clerk example, whose tools are the
+    MCP filesystem server's: its run waits for approval of `write_file`, then writes the
+    note and reads it back."""
+    port, ui_port = free_ports(2)
+    env = {"DURABLY_MCP_FILESYSTEM": str(FILESYSTEM_SERVER)}
+    dev = await DurablyDev.start(
+        tmp_path / "t.db", port, ui_port, "--demo", "--mcp-example", env=env
+    )
+    try:
+        await dev.line_starting("Serving.")
+        run_id = dev.line_with("MCP demo run: ").removeprefix("MCP demo run: ")
+        assert f"Demo run {run_id} is waiting for approval of write_file" in dev.output
+        approve = shlex.split(dev.line_with(f" approve {run_id} "))
+        assert approve[1:3] == ["approve", run_id] and approve[-2] == "--target", approve
+        approved = await durably_cli(*approve[1:3], "--as", "test", *approve[-2:])
+        assert approved.returncode == 0, approved.stderr
+        client = await connect(port)
+        result = await asyncio.wait_for((await client.get_run(run_id)).result(), 60)
+        note = tmp_path / ".durably" / "files" / "notes.txt"
+        assert note.read_text() == NOTE
+        assert result.output == f'notes.txt now reads: {{"content":"{NOTE}"}}'
+        assert await dev.ctrl_c() == 0, dev.output
         dev.assert_nothing_left()
     finally:
         await dev.kill()

@@ -199,6 +199,14 @@ async def dev(
     ] = DEFAULT_PORT,
     otel: Otel = False,
     metrics: Metrics = None,
+    mcp_example: Annotated[
+        bool,
+        typer.Option(
+            "--mcp-example",
+            help="Also host the files-clerk example, whose tools are the MCP filesystem "
+            "server's (started with npx); with --demo, start a run of it.",
+        ),
+    ] = False,
 ) -> None:
     """Run a local Temporal dev server and a worker hosting the support-desk example.
 
@@ -215,6 +223,10 @@ async def dev(
     # Every worker on a task queue must host the same agents: the dev worker
     # hosts the example and the user's agents together.
     registrations = list(support_desk.registrations)
+    if mcp_example:
+        from durably.examples import files_clerk
+
+        registrations += files_clerk.build_registrations()
     for spec in agents or []:
         registrations += load_registrations(spec)
     codec, key_note = _dev_encryption(db, encrypt=encrypt)
@@ -234,7 +246,9 @@ async def dev(
             temporal = await _until(stop, server.start())
             if temporal is not None:
                 setup = _DevSetup(registrations, codec, key_note, tracing=otel)
-                await _serve(temporal, server, stop, setup, demo=demo)
+                await _serve(
+                    temporal, server, stop, setup, demo=demo, mcp_demo=demo and mcp_example
+                )
             console.print("Stopping the Temporal dev server …")
         finally:
             await server.stop()
@@ -302,6 +316,7 @@ async def _serve(
     setup: _DevSetup,
     *,
     demo: bool,
+    mcp_demo: bool = False,
 ) -> None:
     """Host the registrations on `temporal` until `stop`; the worker drains before returning."""
     from durably.worker import DurableRuntime
@@ -318,6 +333,8 @@ async def _serve(
         await _report_unfinished(runtime.client)
         if demo:
             await _until(stop, _demo(runtime.client, server))
+        if mcp_demo and not stop.is_set():
+            await _until(stop, _demo_mcp(runtime.client, server))
         if not stop.is_set():
             console.print("Serving. Press Ctrl-C to stop.")
     except BaseException:
@@ -334,6 +351,30 @@ async def _demo(client: DurableClient, server: DevServer) -> None:
 
     await _demo_runs(client, server)
     await _demo_session(client, server)
+
+
+async def _demo_mcp(client: DurableClient, server: DevServer) -> None:
+    """A run of the files-clerk example: its note is written through the MCP filesystem
+    server once a person approves `write_file`."""
+    from durably.examples import files_clerk
+
+    run = await client.start_run(files_clerk.AGENT_ID, files_clerk.demo_input())
+    console.print(Text(f"MCP demo run: {run.run_id}", style="bold"))
+    console.print(Text(f"  Web UI: {server.workflow_url(run.run_id)}"))
+    console.print(Text(f"  Files:  {files_clerk.files_dir()}"))
+    try:
+        snap = await _settled(run)
+    except DurablyError as err:
+        err_console.print(safe(f"MCP demo run did not go on: {err}", style="red"))
+        return
+    if snap.interaction is not None and snap.interaction.type == "tool-approval":
+        _how_to_answer(server, run.run_id, snap.interaction)
+    elif snap.status == RunStatus.COMPLETED:
+        console.print(safe(f"MCP demo output: {snap.output}", keep_newlines=True, style="green"))
+    else:
+        err_console.print(
+            safe(f"MCP demo run is {snap.status.value}: {snap.error or snap.current}", style="red")
+        )
 
 
 async def _demo_session(client: DurableClient, server: DevServer) -> None:

@@ -33,6 +33,12 @@ def toolsets_in(spec: str) -> list[MCPToolset]:
         _LOCKING.reset(token)
     if attr:
         value = getattr(module, attr)
+        if callable(value) and not isinstance(value, MCPToolset):
+            token = _LOCKING.set(True)
+            try:
+                value = value()  # a function making the registrations, as --agents takes
+            finally:
+                _LOCKING.reset(token)
         found = _collect(value if isinstance(value, list | tuple) else [value])
     else:
         found = [*_collect(vars(module).values()), *CREATED_WHILE_LOCKING]
