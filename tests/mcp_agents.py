@@ -72,7 +72,11 @@ def files_toolset(root: Path, *, slow: tuple[str, ...] = (), trust: bool = True)
 
 
 def records_toolset(
-    root: Path, *, slow_seconds: float | None = None, variant: str | None = None
+    root: Path,
+    *,
+    slow_seconds: float | None = None,
+    variant: str | None = None,
+    approval: dict[str, bool] | None = None,
 ) -> MCPToolset:
     """The Python test server, its calls logged to `root/server.jsonl` and its effects in
     `root/state.json`, locked in `root/records.lock.json`."""
@@ -83,7 +87,11 @@ def records_toolset(
         variant=variant,
     )
     return MCPToolset(
-        "records", stdio(server), lock=root / "records.lock.json", trust_annotations=True
+        "records",
+        stdio(server),
+        lock=root / "records.lock.json",
+        trust_annotations=True,
+        approval=approval,
     )
 
 

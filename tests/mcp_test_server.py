@@ -23,6 +23,7 @@ Tools:
   idempotent); deletes the key.
 - `ask_person(question)`: asks the client through elicitation; a client that
   does not support it gets an error.
+- `crash()`: the server process exits at once, mid-call.
 
 Several processes may share one state file (a killed worker's server and its
 successor's), so every read-modify-write holds an exclusive lock on
@@ -163,6 +164,12 @@ async def ask_person(question: str, ctx: Context) -> str:
     result = await ctx.elicit(question, Answer)
     data = getattr(result, "data", None)
     return f"{result.action}: {data.answer if data is not None else ''}"
+
+
+@server.tool()
+async def crash(ctx: Context) -> str:
+    """End this server process at once (a server dying mid-call)."""
+    os._exit(3)
 
 
 if __name__ == "__main__":

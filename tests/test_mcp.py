@@ -73,6 +73,7 @@ RECORDS_POLICIES = {
     "lookup": ("safe", False),
     "erase": ("manual", True),  # no annotations: MCP's defaults (destructive)
     "ask_person": ("manual", True),
+    "crash": ("manual", True),
 }
 
 
@@ -140,9 +141,10 @@ class TestPolicies:
         assert done.returncode == 0, done.stderr
         assert "14 tool(s) of 'files'" in done.stdout and "records.lock.json" in done.stdout
         lock = json.loads((root / "records.lock.json").read_text())
-        assert [t["name"] for t in lock["tools"]] == ["ask_person", "erase", "lookup", "record"]
+        names = [t["name"] for t in lock["tools"]]
+        assert names == ["ask_person", "crash", "erase", "lookup", "record"]
         before = registration("r", records_toolset(root)).fingerprint
-        lock["tools"][2]["description"] = "Read a value (edited)."
+        lock["tools"][3]["description"] = "Read a value (edited)."
         (root / "records.lock.json").write_text(json.dumps(lock))
         assert registration("r", records_toolset(root)).fingerprint != before
 
@@ -187,6 +189,23 @@ class TestRuns:
         assert call["operation_id"].startswith(f"{run.run_id}/") and call["applied"]
         assert call["operation_id"].endswith("/tool:1:s0c1")
         assert answer[1][0] is True and "does not support elicitation" in answer[1][1]
+
+    async def test_a_server_that_died_is_started_again_for_the_next_call(
+        self, client: DurableClient, runtimes: Runtimes, root: Path
+    ) -> None:
+        records = records_toolset(root, approval={"crash": False})
+        await lock_toolsets([records])
+        await runtimes.start([registration("records", records)])
+        run = await client.start_run("records", steps([("crash", {})]))
+        parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)  # manual: unknown outcome
+        assert isinstance(parked.attention, ToolInterrupted)
+        assert "Connection closed" in (parked.attention.last_error or "")
+        await run.resolve_tool(parked.blocked_operations[0], {"type": "error", "message": "gone"})
+        await run.result()
+
+        run = await client.start_run("records", steps([("record", {"key": "k", "value": "v"})]))
+        assert json.loads((await run.result()).output or "") == [[False, '{"result":"recorded k"}']]
+        assert [c["tool"] for c in read_lines(root / "server.jsonl")] == ["record"]
 
     async def test_a_changed_server_is_reported_at_start_and_parks_calls_of_changed_tools(
         self, client: DurableClient, runtimes: Runtimes, root: Path

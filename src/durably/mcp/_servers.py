@@ -146,13 +146,17 @@ class _Connection:
                 raise
 
     async def call(self, name: str, arguments: dict[str, Any], operation_id: str) -> Any:
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
         try:
             return await self.session.call_tool(
                 name, arguments, meta={OPERATION_ID_META: operation_id}
             )
-        except BaseException:
-            if self._task is not None and self._task.done():
-                self._error = self._error or RuntimeError("the server's session ended")
+        except MCPError as err:
+            if err.code == CONNECTION_CLOSED:  # the server died: the next call reopens
+                self._error = self._error or err
+                self._stop.set()
             raise
 
     async def close(self) -> None:
