@@ -46,6 +46,10 @@ class _TaskScript:
     """The model of a task run: call the task with the run's input, then answer with its
     result. No provider: what it decides is a function of the request alone."""
 
+    # Its answers are durably's own, not a model's: they count as no request (see
+    # `AgentActivities._priced`).
+    asks_no_model = True
+
     def __init__(self, name: str) -> None:
         self._name = name
 

@@ -528,8 +528,10 @@ def _priced(registration: AgentRegistration, usage: Usage, attempt: int) -> Usag
     counting Temporal's earlier attempts of it (a worker that died mid-request), whose
     tokens nobody reported."""
     # The answered request counts once whatever the model reports (a custom model may
-    # report none), and each earlier attempt Temporal made of it once more.
-    usage = usage.model_copy(update={"requests": max(1, usage.requests) + attempt - 1})
+    # report none), and each earlier attempt Temporal made of it once more; a task run's
+    # built-in script asks no model.
+    if not getattr(registration.agent.model, "asks_no_model", False):
+        usage = usage.model_copy(update={"requests": max(1, usage.requests) + attempt - 1})
     price = price_for(registration.prices, registration.agent.model.identity)
     if price is not None:
         usage = usage.model_copy(update={"cost_usd": cost_usd(usage, price)})
