@@ -25,6 +25,9 @@ Tools:
   does not support it gets an error.
 - `crash()`: the server process exits at once, mid-call.
 
+With `MCP_TEST_HTTP_PORT` it serves streamable HTTP on 127.0.0.1 instead (at
+`/mcp`), and an `X-Tenant` request header is logged with the operation id.
+
 Several processes may share one state file (a killed worker's server and its
 successor's), so every read-modify-write holds an exclusive lock on
 `MCP_TEST_STATE + ".lock"`.
@@ -59,9 +62,13 @@ _memory: dict[str, Any] = {"values": {}, "applied_operations": []}
 
 
 def operation_id(ctx: Context) -> str | None:
-    """The operation id the client sent in the request's `_meta`, if any."""
+    """The operation id the client sent in the request's `_meta`, if any (and, over HTTP,
+    the `X-Tenant` header it sent, as `operation_id@tenant`)."""
     meta = ctx.request_context.meta or {}
     value = meta.get(OPERATION_ID_KEY)
+    tenant = ctx.headers.get("x-tenant") if ctx.headers else None
+    if isinstance(value, str) and tenant:
+        return f"{value}@{tenant}"
     return value if isinstance(value, str) else None
 
 
@@ -174,6 +181,10 @@ async def crash(ctx: Context) -> str:
 
 if __name__ == "__main__":
     try:
-        server.run()
+        port = os.environ.get("MCP_TEST_HTTP_PORT")
+        if port:  # streamable HTTP at http://127.0.0.1:PORT/mcp
+            server.run("streamable-http", host="127.0.0.1", port=int(port))
+        else:
+            server.run()
     except* BrokenPipeError:
         pass  # the client died (a test killed it): exit without a traceback

@@ -9,8 +9,11 @@ after applying its write.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,13 +31,19 @@ from durably import (
     VersionDriftError,
     VersionIncompatible,
 )
-from durably.mcp import MCPToolset, StdioServer
+from durably.mcp import HTTPServer, MCPToolset, StdioServer
 from durably.mcp._locking import lock_toolsets
-from durably.mcp._servers import POOL
+from durably.mcp._servers import POOL, refused
 
-from .conftest import Runtimes, cli, eventually, wait_for_status
+from .conftest import Runtimes, cli, eventually, free_ports, wait_for_status
 from .mcp_agents import files_toolset, records_toolset, registration, stdio, steps
-from .mcp_servers import NEEDS_REFERENCE_SERVERS, memory_server, read_lines, read_state
+from .mcp_servers import (
+    NEEDS_REFERENCE_SERVERS,
+    memory_server,
+    python_server,
+    read_lines,
+    read_state,
+)
 from .test_crash_recovery import ROOT, WorkerProcess
 
 pytestmark = NEEDS_REFERENCE_SERVERS
@@ -148,6 +157,41 @@ class TestPolicies:
         (root / "records.lock.json").write_text(json.dumps(lock))
         assert registration("r", records_toolset(root)).fingerprint != before
 
+        # Locking again leaves a lock the server no longer matches alone, unless told.
+        again = await cli(
+            sys.executable, "-m", "durably", "mcp", "lock", "tests.mcp_agents", env=env
+        )
+        assert again.returncode == 1 and "lookup: description changed" in again.stderr
+        assert json.loads((root / "records.lock.json").read_text()) == lock
+        done = await cli(
+            sys.executable, "-m", "durably", "mcp", "lock", "tests.mcp_agents", "--update",
+            env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert registration("r", records_toolset(root)).fingerprint == before
+
+
+class TestOutcomes:
+    @pytest.mark.parametrize(
+        ("code", "message", "definite"),
+        [
+            (-32602, "Input validation error", True),  # the server refused the arguments
+            (-32601, "Method not found", True),
+            (-32600, "Elicitation not supported", True),
+            (-32600, "Unexpected content type: text/html", False),  # made up by the client
+            (-32603, "Server returned an error response", False),  # an HTTP 502, say
+            (-32603, "Internal server error", False),  # the server's handler crashed
+            (0, "boom", False),
+            (-32700, "Parse error", False),  # a response nobody could read
+            (-32000, "Connection closed", False),
+            (-32001, "Request timed out", False),
+        ],
+    )
+    def test_only_a_refusal_before_running_is_a_definite_outcome(
+        self, code: int, message: str, definite: bool
+    ) -> None:
+        assert refused(code, message) is definite
+
 
 class TestRuns:
     async def test_a_run_writes_and_reads_files_and_reads_a_servers_error(
@@ -188,7 +232,8 @@ class TestRuns:
         (call,) = [line for line in read_lines(root / "server.jsonl") if line["tool"] == "record"]
         assert call["operation_id"].startswith(f"{run.run_id}/") and call["applied"]
         assert call["operation_id"].endswith("/tool:1:s0c1")
-        assert answer[1][0] is True and "does not support elicitation" in answer[1][1]
+        # The client declares no elicitation support: the server is told so, and fails.
+        assert answer[1][0] is True and "Elicitation not supported" in answer[1][1]
 
     async def test_a_server_that_died_is_started_again_for_the_next_call(
         self, client: DurableClient, runtimes: Runtimes, root: Path
@@ -206,6 +251,62 @@ class TestRuns:
         run = await client.start_run("records", steps([("record", {"key": "k", "value": "v"})]))
         assert json.loads((await run.result()).output or "") == [[False, '{"result":"recorded k"}']]
         assert [c["tool"] for c in read_lines(root / "server.jsonl")] == ["record"]
+
+    async def test_a_streamable_http_server_gets_its_headers_and_each_calls_operation_id(
+        self, client: DurableClient, runtimes: Runtimes, root: Path
+    ) -> None:
+        (port,) = free_ports(1)
+        command = python_server(log=root / "server.jsonl", state=root / "state.json")
+
+        async def start() -> asyncio.subprocess.Process:
+            return await asyncio.create_subprocess_exec(
+                command.command,
+                *command.args,
+                env={**os.environ, **command.env, "MCP_TEST_HTTP_PORT": str(port)},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+        process = await start()
+        try:
+            url = f"http://127.0.0.1:{port}/mcp"
+            records = MCPToolset(
+                "records",
+                HTTPServer(url, {"X-Tenant": "acme"}),
+                lock=root / "records.lock.json",
+                trust_annotations=True,
+            )
+
+            async def listening() -> bool:
+                with contextlib.suppress(OSError):
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    return True
+                return False
+
+            await eventually(listening)
+            await lock_toolsets([records])
+            await runtimes.start([registration("records", records)])
+            run = await client.start_run("records", steps([("record", {"key": "k", "value": "v"})]))
+            assert json.loads((await run.result()).output or "") == [
+                [False, '{"result":"recorded k"}']
+            ]
+            (call,) = read_lines(root / "server.jsonl")
+            assert call["operation_id"].startswith(f"{run.run_id}/")
+            assert call["operation_id"].endswith("/tool:1:s0c1@acme")
+
+            # The server restarts: it no longer knows the worker's session, which is
+            # opened again, and the call it refused unrun is sent once more.
+            process.terminate()
+            await asyncio.wait_for(process.wait(), 10)
+            process = await start()
+            await eventually(listening)
+            run = await client.start_run("records", steps([("lookup", {"key": "k"})]))
+            assert json.loads((await run.result()).output or "") == [[False, '{"result":"v"}']]
+        finally:
+            await POOL.close()
+            process.terminate()
+            await asyncio.wait_for(process.wait(), 10)
 
     async def test_a_changed_server_is_reported_at_start_and_parks_calls_of_changed_tools(
         self, client: DurableClient, runtimes: Runtimes, root: Path
@@ -296,7 +397,7 @@ class TestCrashes:
 
         await eventually(written)  # on disk; its result held back by the relay
         first.kill()
-        workers.start()
+        workers.start(MCP_PROXY_SLOW="edit_file", MCP_PROXY_DELAY_S="0")  # logs any resend
         parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION, within=60)
         assert isinstance(parked.attention, ToolInterrupted)
         assert parked.attention.tool == "edit_file"

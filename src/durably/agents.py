@@ -54,6 +54,14 @@ _TOOL_PARTS = {
 _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
+def _locking_mcp() -> bool:
+    """`durably mcp lock` is importing the module: MCP tools are not built yet, so a
+    `tool_recovery` naming them is not (yet) a mistake."""
+    from durably.mcp._toolset import locking_now
+
+    return locking_now()
+
+
 @dataclass(frozen=True)
 class Subagent:
     """An agent another agent delegates to: the model sees it as a tool taking a task.
@@ -293,7 +301,7 @@ class AgentRegistration:
                 f"{MAX_NAME_CHARS} characters with no control characters"
             )
         unknown = sorted(set(self.tool_recovery) - {t.name for t in self.agent.tools})
-        if unknown:
+        if unknown and not _locking_mcp():
             raise RegistrationError(
                 f"{where}: tool_recovery names {unknown}, which the agent does not have "
                 f"(its tools: {sorted(t.name for t in self.agent.tools)}); "

@@ -243,7 +243,7 @@ class DurableRuntime:
             await check_on_start(self.client.temporal)
             if self.strict_versions:
                 await self._check_versions()
-            await self._check_mcp_servers()
+                await self._check_mcp_servers()
             self._task = asyncio.create_task(self.worker.run(), name="durably-worker")
             if not self.strict_versions:
                 self._version_check = asyncio.create_task(
@@ -295,10 +295,11 @@ class DurableRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._mcp_toolsets():
+        toolsets = self._mcp_toolsets()
+        if toolsets:
             from durably.mcp._servers import POOL
 
-            await POOL.close()  # the MCP servers this worker started
+            await POOL.close([t.server for t in toolsets])  # the servers this worker used
 
     def _mcp_toolsets(self) -> list[Any]:
         """The MCP toolsets whose tools the hosted agents use (none without the extra)."""
@@ -316,12 +317,14 @@ class DurableRuntime:
         operator learns of the server's change here first.
         """
         problems: list[str] = []
-        for toolset in self._mcp_toolsets():
-            try:
-                drifted = await toolset.live_drift()
-            except DurablyError as err:
-                _log.warning("MCP server unreachable", toolset=toolset.name, error=str(err))
-                problems.append(f"{toolset.name}: {err}")
+        toolsets = self._mcp_toolsets()
+        checked = await asyncio.gather(*(t.live_drift() for t in toolsets), return_exceptions=True)
+        for toolset, drifted in zip(toolsets, checked, strict=True):
+            if isinstance(drifted, BaseException):
+                if not isinstance(drifted, DurablyError):
+                    raise drifted
+                _log.warning("MCP server unreachable", toolset=toolset.name, error=str(drifted))
+                problems.append(f"{toolset.name}: {drifted}")
                 continue
             if drifted:
                 _log.warning(
@@ -341,9 +344,11 @@ class DurableRuntime:
             )
 
     async def _check_versions_beside(self) -> None:
-        """`_check_versions` beside polling: whatever goes wrong is logged, never raised."""
+        """`_check_versions` (and the MCP servers' check) beside polling: whatever goes wrong
+        is logged, never raised."""
         try:
             await self._check_versions()
+            await self._check_mcp_servers()
         except Exception as err:  # a check gone wrong must never stop a polling worker
             _log.warning(
                 "could not check the versions unfinished runs need",

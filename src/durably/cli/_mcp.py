@@ -11,6 +11,7 @@ import typer
 from durably.cli._agents import import_from_cwd
 from durably.cli._connection import command
 from durably.cli._terminal import console, safe, table
+from durably.errors import DurablyError
 
 __all__ = ["lock", "tools"]
 
@@ -24,17 +25,33 @@ Spec = Annotated[
 
 
 @command
-async def lock(spec: Spec) -> None:
+async def lock(
+    spec: Spec,
+    update: Annotated[
+        bool,
+        typer.Option(
+            "--update",
+            help="Also rewrite lock files whose server now lists other tools (the versions "
+            "built from them get a new fingerprint: give changed tools a new version).",
+        ),
+    ] = False,
+) -> None:
     """Write the lock file of each MCP toolset SPEC defines, from its server's listing.
 
     Review the file and commit it with the agent's code: a version's tools
-    (and its fingerprint) come from it, so every worker agrees on them.
+    (and its fingerprint) come from it, so every worker agrees on them. A
+    lock that would change is left alone without --update, and the command
+    exits 1 saying how.
     """
     from durably.mcp import policy_of
     from durably.mcp._locking import lock_toolsets, toolsets_in
 
     import_from_cwd()
-    for toolset, written in await lock_toolsets(toolsets_in(spec)):
+    kept: list[str] = []
+    for toolset, written, changes in await lock_toolsets(toolsets_in(spec), update=update):
+        if changes and not update:
+            kept += [f"{toolset.lock_path}: {change}" for change in changes]
+            continue
         console.print(
             safe(f"{toolset.lock_path}: {len(written.tools)} tool(s) of {toolset.name!r}")
         )
@@ -49,6 +66,12 @@ async def lock(spec: Spec) -> None:
                 safe(recovery + (", approval" if approval else "")),
             )
         console.print(rows)
+    if kept:
+        raise DurablyError(
+            "these lock files were left as they are, since their servers now list other "
+            "tools:\n" + "\n".join(f"  - {line}" for line in kept) + "\nRun again with "
+            "--update to rewrite them (register the changed tools under a new version)"
+        )
 
 
 @command

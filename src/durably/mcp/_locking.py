@@ -9,7 +9,7 @@ from typing import Any
 
 from durably.agents import Agent, AgentRegistration
 from durably.errors import RegistrationError
-from durably.mcp._lock import ToolLock
+from durably.mcp._lock import ToolLock, drift
 from durably.mcp._servers import POOL
 from durably.mcp._toolset import _LOCKING, CREATED_WHILE_LOCKING, MCPToolset
 
@@ -39,7 +39,9 @@ def toolsets_in(spec: str) -> list[MCPToolset]:
                 value = value()  # a function making the registrations, as --agents takes
             finally:
                 _LOCKING.reset(token)
-        found = _collect(value if isinstance(value, list | tuple) else [value])
+        # Agents built while locking have no MCP tools yet: their toolsets were recorded.
+        found = [*_collect(value if isinstance(value, list | tuple) else [value])]
+        found += [t for t in CREATED_WHILE_LOCKING if t not in found]
     else:
         found = [*_collect(vars(module).values()), *CREATED_WHILE_LOCKING]
     unique = list({id(t): t for t in found}.values())
@@ -66,8 +68,14 @@ def toolsets_of(registrations: Iterable[Any]) -> list[MCPToolset]:
     return list({id(t): t for t in _collect(list(registrations))}.values())
 
 
-async def lock_toolsets(toolsets: Iterable[MCPToolset]) -> list[tuple[MCPToolset, ToolLock]]:
-    """List each toolset's server and write its lock file."""
+async def lock_toolsets(
+    toolsets: Iterable[MCPToolset], *, update: bool = True
+) -> list[tuple[MCPToolset, ToolLock, list[str]]]:
+    """List each toolset's server and write its lock file; each with how the listing
+    differs from the lock it replaces. With `update=False` a lock that would change is
+    left as it is (its differences are returned): a changed lock changes the
+    fingerprint of the versions built from it."""
+    toolsets = list(toolsets)
     written = []
     try:
         for toolset in toolsets:
@@ -77,8 +85,13 @@ async def lock_toolsets(toolsets: Iterable[MCPToolset]) -> list[tuple[MCPToolset
                 server=conn.server_info,
                 tools=sorted(conn.tools.values(), key=lambda t: t.name),
             )
-            lock.write(toolset.lock_path)
-            written.append((toolset, lock))
+            changes: list[str] = []
+            if toolset.lock_path.exists():
+                old = ToolLock.read(toolset.lock_path)
+                changes = drift(old.tools, lock.tools)
+            if update or not toolset.lock_path.exists() or not changes:
+                lock.write(toolset.lock_path)
+            written.append((toolset, lock, changes))
     finally:
-        await POOL.close()
+        await POOL.close([t.server for t in toolsets])
     return written

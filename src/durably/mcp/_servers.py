@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ class StdioServer:
 
     command: str
     args: Sequence[str] = ()
-    env: Mapping[str, str] | None = None
+    env: Mapping[str, str] | None = field(default=None, repr=False)  # may hold keys
     cwd: str | None = None
 
     def describe(self) -> str:
@@ -53,7 +54,7 @@ class HTTPServer:
     """A server reached over streamable HTTP at `url`, with these headers."""
 
     url: str
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold tokens
 
     def describe(self) -> str:
         return self.url
@@ -69,19 +70,29 @@ def _key(server: Server) -> tuple[Any, ...]:
     return ("http", server.url, tuple(sorted(server.headers.items())))
 
 
-async def _no_elicitation(context: Any, params: Any) -> Any:
-    """A server asking the person mid-call: not supported yet, and said so to the server
-    (whose tool then fails the call with it)."""
-    import mcp_types
+# How long a streamable-HTTP server's tool listing is trusted before a call re-reads it:
+# such a server can be upgraded in place under a live session.
+_HTTP_LISTING_TTL_S = 30.0
+# Answers to a request that only a server which refused it before running it gives
+# (its arguments, the method, what the client supports): the call did not happen.
+_REFUSED_CODES = frozenset({-32602, -32601, -32600, -32020, -32021, -32022, -32042})
+# -32600 the client itself makes up about a response it could not read: not a refusal.
+_MADE_UP_BY_THE_CLIENT = ("202", "Unexpected content type")
+# What a streamable-HTTP server answers once it no longer knows the session (restarted,
+# redeployed, reaped when idle): it refused the request before running it.
+_SESSION_LOST = ("Session not found", "Session terminated")
 
-    return mcp_types.ErrorData(
-        code=-32600,
-        message=(
-            "durably does not support elicitation yet: a durable run cannot hold a tool "
-            "call open for a person's answer. Make the tool take what it needs as "
-            "arguments, or ask through a durably question tool"
-        ),
-    )
+
+def refused(code: int, message: str) -> bool:
+    """Whether an MCP error says the server refused the request before running it (a
+    definite outcome), as opposed to a failure after which the call may have run."""
+    if code not in _REFUSED_CODES:
+        return False
+    return not (code == -32600 and any(m in message for m in _MADE_UP_BY_THE_CLIENT))
+
+
+def session_lost(message: str) -> bool:
+    return any(m in message for m in _SESSION_LOST)
 
 
 class _Connection:
@@ -93,6 +104,9 @@ class _Connection:
         self.session: Any = None
         self.tools: dict[str, LockedTool] = {}
         self.server_info: dict[str, Any] = {}
+        self.listed_at = 0.0
+        self._stale = False  # the server said its tool list changed
+        self._in_flight = 0
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._error: BaseException | None = None
@@ -100,18 +114,31 @@ class _Connection:
 
     @property
     def alive(self) -> bool:
-        return self._task is not None and not self._task.done() and self._error is None
+        """Open, listed, and its transport still up (a server that exited while idle has
+        closed it: a call would fail before it is sent, so the pool opens a new one)."""
+        return (
+            self._task is not None
+            and not self._task.done()
+            and self._error is None
+            and self._ready.is_set()
+            and self.session is not None
+            # The SDK 2.x dispatcher's own flag: set once the transport closed.
+            and not getattr(getattr(self.session, "_dispatcher", None), "_closed", False)
+        )
 
     async def open(self) -> None:
-        self._task = asyncio.create_task(self._hold(), name=f"durably-mcp {self.server}")
+        self._task = asyncio.create_task(self._hold(), name=f"durably-mcp {self.server.describe()}")
         try:
-            await asyncio.wait_for(self._ready.wait(), _OPEN_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(self._ready.wait()), _OPEN_TIMEOUT_S)
         except TimeoutError:
             await self.close()
             raise MCPServerError(
                 f"MCP server `{self.server.describe()}` did not answer within "
                 f"{_OPEN_TIMEOUT_S:g} s of starting"
             ) from None
+        except asyncio.CancelledError:
+            await self.close()  # no half-open session for the next caller
+            raise
         if self._error is not None:
             raise MCPServerError(
                 f"MCP server `{self.server.describe()}` could not be started or reached: "
@@ -125,18 +152,20 @@ class _Connection:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(_transport(self.server, stack))
+                # No elicitation callback: the client declares no elicitation support,
+                # and the SDK answers a server that asks anyway "Elicitation not supported".
                 session = await stack.enter_async_context(
                     ClientSession(
                         read,
                         write,
                         client_info=mcp_types.Implementation(name="durably", version="0"),
-                        elicitation_callback=_no_elicitation,
+                        message_handler=self._notified,
                     )
                 )
                 init = await session.initialize()
                 self.server_info = init.server_info.model_dump(mode="json", exclude_none=True)
-                self.tools = {t.name: t for t in await list_tools(session)}
                 self.session = session
+                await self._list()
                 self._ready.set()
                 await self._stop.wait()
         except BaseException as exc:  # a group, from anyio, when the server dies
@@ -145,25 +174,52 @@ class _Connection:
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
+    async def _notified(self, message: Any) -> None:
+        import mcp_types
+
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._stale = True
+
+    async def _list(self) -> None:
+        self.tools = {t.name: t for t in await list_tools(self.session)}
+        self.listed_at = time.monotonic()
+        self._stale = False
+
+    async def current_tools(self) -> dict[str, LockedTool]:
+        """The server's tools, listed again if it said they changed (or, over HTTP, if the
+        listing is old): a call is checked against what the server serves now."""
+        old = time.monotonic() - self.listed_at > _HTTP_LISTING_TTL_S
+        if self._stale or (isinstance(self.server, HTTPServer) and old):
+            await self._list()
+        return self.tools
+
     async def call(self, name: str, arguments: dict[str, Any], operation_id: str) -> Any:
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED
 
+        self._in_flight += 1
         try:
             return await self.session.call_tool(
                 name, arguments, meta={OPERATION_ID_META: operation_id}
             )
         except MCPError as err:
-            if err.code == CONNECTION_CLOSED:  # the server died: the next call reopens
-                self._error = self._error or err
-                self._stop.set()
+            if err.code == CONNECTION_CLOSED or session_lost(err.error.message):
+                self._error = self._error or err  # the next call opens a new session
             raise
+        finally:
+            self._in_flight -= 1
+            if self._error is not None and self._in_flight == 0:
+                self._stop.set()  # closed once no other call of it is in flight
 
     async def close(self) -> None:
         self._stop.set()
         if self._task is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(self._task, 10)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 10)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # its server's failure, already reported
+                return
 
 
 @contextlib.asynccontextmanager
@@ -241,13 +297,15 @@ class ServerPool:
             await conn.open()
             return conn
 
-    async def close(self) -> None:
-        """Close every session of this event loop (a worker stopping)."""
+    async def close(self, servers: Iterable[Server] | None = None) -> None:
+        """Close the sessions of this event loop (to `servers`, else all of them)."""
         loop = asyncio.get_running_loop()
-        mine = [k for k, c in self._open.items() if c.loop is loop]
+        keys = None if servers is None else {(id(loop), *_key(s)) for s in servers}
+        mine = [k for k, c in self._open.items() if c.loop is loop and (keys is None or k in keys)]
+        closing = [self._open.pop(k) for k in mine]
         for key in mine:
-            await self._open.pop(key).close()
             self._locks.pop(key, None)
+        await asyncio.gather(*(c.close() for c in closing))
 
 
 # One pool per worker process.

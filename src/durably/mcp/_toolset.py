@@ -33,10 +33,10 @@ from pydantic import RootModel, model_validator
 
 from durably.errors import RegistrationError
 from durably.mcp._lock import LockedTool, ToolLock, tool_digest
-from durably.mcp._servers import POOL, HTTPServer, Server, StdioServer
+from durably.mcp._servers import POOL, HTTPServer, Server, StdioServer, refused, session_lost
 from durably.tools import Tool, ToolContext, ToolDrift, ToolError
 
-__all__ = ["MCPToolset", "locking", "policy_of"]
+__all__ = ["MCPResultError", "MCPToolset", "locking_now", "policy_of"]
 
 # Set while `durably mcp lock` imports the user's module: a toolset whose lock file is
 # missing then has no tools (instead of refusing), so the lock can be written.
@@ -47,9 +47,9 @@ _LOCKING: contextvars.ContextVar[bool] = contextvars.ContextVar(
 CREATED_WHILE_LOCKING: list[MCPToolset] = []
 
 
-def locking() -> contextvars.Token[bool]:
-    """Enter lock mode (see `_LOCKING`); reset with the token returned."""
-    return _LOCKING.set(True)
+def locking_now() -> bool:
+    """Whether `durably mcp lock` is importing the user's module (see `_LOCKING`)."""
+    return _LOCKING.get()
 
 
 def policy_of(tool: LockedTool) -> tuple[str, bool]:
@@ -106,10 +106,11 @@ class MCPToolset:
 
     @functools.cached_property
     def locked(self) -> list[LockedTool]:
-        """The tools of the lock file (that `include` keeps), or [] in lock mode without it."""
+        """The tools of the lock file (that `include` keeps); none while locking (the lock
+        may be missing, or about to change)."""
+        if _LOCKING.get():
+            return []
         if not self.lock_path.exists():
-            if _LOCKING.get():
-                return []
             raise RegistrationError(
                 f"MCPToolset {self.name!r}: its lock file {str(self.lock_path)!r} does not "
                 "exist; write it with `durably mcp lock module:attr` (the server must run), "
@@ -130,7 +131,14 @@ class MCPToolset:
     @functools.cached_property
     def tools(self) -> tuple[Tool[Any], ...]:
         """The toolset's tools, built from its lock file."""
-        return tuple(self._tool(t) for t in self.locked)
+        tools = tuple(self._tool(t) for t in self.locked)
+        unknown = sorted(set(self.approval) - {t.name for t in tools})
+        if unknown and not _LOCKING.get():
+            raise RegistrationError(
+                f"MCPToolset {self.name!r}: approval names {unknown}, which are not its tools "
+                f"(prefix included: {sorted(t.name for t in tools)[:20]})"
+            )
+        return tools
 
     def _tool(self, locked: LockedTool) -> Tool[Any]:
         name = self.prefix + locked.name
@@ -172,31 +180,55 @@ async def _call(
     toolset: MCPToolset, name: str, digest: str, args: _Arguments, ctx: ToolContext
 ) -> Any:
     """One tool call through the worker's session to the server; the call's operation id
-    goes in the request's `_meta`, for the server to deduplicate."""
-    conn = await POOL.connection(toolset.server)
-    live = conn.tools.get(name)
-    if live is None or tool_digest(live) != digest:
-        change = "is no longer listed" if live is None else "changed since it was locked"
-        raise ToolDrift(
-            f"MCP server `{toolset.server.describe()}` of toolset {toolset.name!r}: tool "
-            f"{name!r} {change}. Lock the toolset again under a new agent version for new "
-            "runs; restore the server's previous tools, then retry, for these"
-        )
-    from mcp.shared.exceptions import MCPError
-    from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+    goes in the request's `_meta`, for the server to deduplicate.
 
-    try:
-        result = await conn.call(name, args.root, ctx.operation_id)
-    except MCPError as err:
-        if err.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
-            raise  # the call's outcome is unknown: the tool's recovery policy decides
-        # The server answered the request with an error: a definite outcome.
-        raise ToolError(f"MCP error {err.code}: {err.error.message}") from None
-    if result.is_error:
-        raise ToolError(_text(result) or f"tool {name!r} failed (no message)")
-    if result.structured_content is not None:
-        return result.structured_content
-    return _text(result)
+    What the server refused before running it (invalid arguments, an unknown
+    tool, elicitation it needs) is a tool error the model reads; a lost
+    streamable-HTTP session (the server restarted) is opened again and the
+    call sent once more, since the server refused it unrun; anything else
+    (the connection closed mid-call, a timeout, the server's own crash, a
+    response the client could not read) leaves the outcome unknown, for the
+    tool's recovery policy.
+    """
+    from mcp.shared.exceptions import MCPError
+
+    for resend in (False, True):
+        conn = await POOL.connection(toolset.server)
+        live = (await conn.current_tools()).get(name)
+        if live is None or tool_digest(live) != digest:
+            change = "is no longer listed" if live is None else "changed since it was locked"
+            raise ToolDrift(
+                f"MCP server `{toolset.server.describe()}` of toolset {toolset.name!r}: tool "
+                f"{name!r} {change}. Lock the toolset again under a new agent version for "
+                "new runs; restore the server's previous tools, then retry, for these"
+            )
+        try:
+            result = await conn.call(name, args.root, ctx.operation_id)
+        except MCPError as err:
+            message = err.error.message
+            if session_lost(message) and not resend:
+                continue
+            if refused(err.code, message):
+                raise ToolError(f"MCP error {err.code}: {message}") from None
+            raise
+        except RuntimeError as err:
+            if "structured content" not in str(err):
+                raise
+            raise MCPResultError(
+                f"the server ran the call, but its result does not fit the tool's output "
+                f"schema ({err}); resolve the call with the value or an error rather than "
+                "rerun it"
+            ) from None
+        if result.is_error:
+            raise ToolError(_text(result) or f"tool {name!r} failed (no message)")
+        if result.structured_content is not None:
+            return result.structured_content
+        return _text(result)
+    raise AssertionError("unreachable: the second try returns or raises")
+
+
+class MCPResultError(Exception):
+    """A call ran, but its result is not one the tool declared: an unknown outcome."""
 
 
 def _text(result: Any) -> str:
