@@ -362,19 +362,7 @@ async def _demo_mcp(client: DurableClient, server: DevServer) -> None:
     console.print(Text(f"MCP demo run: {run.run_id}", style="bold"))
     console.print(Text(f"  Web UI: {server.workflow_url(run.run_id)}"))
     console.print(Text(f"  Files:  {files_clerk.files_dir()}"))
-    try:
-        snap = await _settled(run)
-    except DurablyError as err:
-        err_console.print(safe(f"MCP demo run did not go on: {err}", style="red"))
-        return
-    if snap.interaction is not None and snap.interaction.type == "tool-approval":
-        _how_to_answer(server, run.run_id, snap.interaction)
-    elif snap.status == RunStatus.COMPLETED:
-        console.print(safe(f"MCP demo output: {snap.output}", keep_newlines=True, style="green"))
-    else:
-        err_console.print(
-            safe(f"MCP demo run is {snap.status.value}: {snap.error or snap.current}", style="red")
-        )
+    await _show_settled(run, server, "MCP demo")
 
 
 async def _demo_session(client: DurableClient, server: DevServer) -> None:
@@ -414,23 +402,27 @@ async def _demo_runs(client: DurableClient, server: DevServer) -> None:
         console.print(Text(f"Demo run: {run.run_id}", style="bold"))
         console.print(Text(f"  Web UI: {server.workflow_url(run.run_id)}"))
         console.print(Text(f"  Input:  {text}"))
-        try:
-            snap = await _settled(run)
-        except DurablyError as err:
-            err_console.print(safe(f"Demo run did not complete: {err}", style="red"))
-            continue
-        if snap.status == RunStatus.COMPLETED:
-            output = f"Demo output: {snap.output}"
-            console.print(safe(output, keep_newlines=True, style="green"))
-        elif snap.interaction is not None and snap.interaction.type == "tool-approval":
-            _how_to_answer(server, run.run_id, snap.interaction)
-        else:
-            err_console.print(
-                safe(
-                    f"Demo run {run.run_id} is {snap.status.value}: {snap.error or snap.current}",
-                    style="red",
-                )
+        await _show_settled(run, server, "Demo")
+
+
+async def _show_settled(run: RunHandle, server: DevServer, label: str) -> None:
+    """Wait until a demo run completed or stopped, and say what it gave or waits for."""
+    try:
+        snap = await _settled(run)
+    except DurablyError as err:
+        err_console.print(safe(f"{label} run did not complete: {err}", style="red"))
+        return
+    if snap.status == RunStatus.COMPLETED:
+        console.print(safe(f"{label} output: {snap.output}", keep_newlines=True, style="green"))
+    elif snap.interaction is not None and snap.interaction.type == "tool-approval":
+        _how_to_answer(server, run.run_id, snap.interaction)
+    else:
+        err_console.print(
+            safe(
+                f"{label} run {run.run_id} is {snap.status.value}: {snap.error or snap.current}",
+                style="red",
             )
+        )
 
 
 async def _settled(run: RunHandle) -> RunSnapshot:
