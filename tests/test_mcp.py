@@ -126,6 +126,16 @@ class TestPolicies:
         untrusted = MCPToolset("memory", stdio(memory), lock=root / "memory.lock.json")
         assert set(policies(untrusted).values()) == {("manual", False)}
 
+    async def test_a_server_of_another_version_than_the_locks_is_named(self, root: Path) -> None:
+        records = records_toolset(root)
+        await lock_toolsets([records])
+        assert await records.version_change() is None
+        lock = json.loads((root / "records.lock.json").read_text())
+        lock["server"]["version"] = "0.9.0"
+        (root / "records.lock.json").write_text(json.dumps(lock))
+        changed = await records.version_change()
+        assert changed == "durably-test-server 1.0.0, locked at 0.9.0"
+
     async def test_durably_tools_lists_what_each_registered_tool_will_do(self, root: Path) -> None:
         await lock_toolsets([files_toolset(root), records_toolset(root)])
         env = {**os.environ, "MCP_TEST_DIR": str(root), "PYTHONPATH": str(ROOT)}

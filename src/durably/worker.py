@@ -326,6 +326,14 @@ class DurableRuntime:
                 _log.warning("MCP server unreachable", toolset=toolset.name, error=str(drifted))
                 problems.append(f"{toolset.name}: {drifted}")
                 continue
+            changed = await toolset.version_change()
+            if changed is not None:  # the same tools listed: runs go on, but say so
+                _log.warning(
+                    "MCP server's version differs from its lock file's, with the same tools "
+                    "listed; check that they still do what the lock's version did",
+                    toolset=toolset.name,
+                    version=changed,
+                )
             if drifted:
                 _log.warning(
                     "MCP server's tools differ from the toolset's lock file; runs calling "

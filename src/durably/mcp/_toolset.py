@@ -175,6 +175,16 @@ class MCPToolset:
             live = [t for t in live if t.name in self.include]
         return drift(self.locked, live)
 
+    async def version_change(self) -> str | None:
+        """The server's version now and at lock time, if they differ (its tools may have
+        kept their listing and changed what they do)."""
+        conn = await POOL.connection(self.server)
+        locked = ToolLock.read(self.lock_path).server.get("version")
+        running = conn.server_info.get("version")
+        if locked is None or running is None or locked == running:
+            return None
+        return f"{conn.server_info.get('name', 'the server')} {running}, locked at {locked}"
+
 
 async def _call(
     toolset: MCPToolset, name: str, digest: str, args: _Arguments, ctx: ToolContext
