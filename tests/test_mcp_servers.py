@@ -10,7 +10,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mcp_types as types
@@ -133,11 +132,9 @@ class TestSlowProxy:
         )
         async with raw_session(server, tmp_path / "err.log") as session:
             await session.list_tools()
-            started = time.monotonic()
             await session.call_tool("list_allowed_directories", {})
-            assert time.monotonic() - started < 1.0  # not held back
+            assert read_lines(proxy_log) == []  # not a slow tool: neither logged nor held
 
-            started = time.monotonic()
             call = asyncio.ensure_future(
                 session.call_tool(
                     "write_file",
@@ -150,12 +147,10 @@ class TestSlowProxy:
                 return target.exists() and bool(read_lines(proxy_log))
 
             await eventually(written, within=5)
-            assert not call.done()
+            assert not call.done()  # on disk and logged, its result still held back
             result = await call
-            elapsed = time.monotonic() - started
 
         assert not result.is_error
-        assert 1.0 <= elapsed < 3.0
         assert read_lines(proxy_log) == [
             {
                 "name": "write_file",
