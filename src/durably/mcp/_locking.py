@@ -3,11 +3,11 @@ worker's start)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
 
-from durably.agents import Agent, AgentRegistration
+from durably.agents import AgentRegistration
 from durably.errors import RegistrationError
 from durably.mcp._lock import ToolLock, drift
 from durably.mcp._servers import POOL
@@ -17,55 +17,50 @@ __all__ = ["lock_toolsets", "toolsets_in", "toolsets_of"]
 
 
 def toolsets_in(spec: str) -> list[MCPToolset]:
-    """Every `MCPToolset` the module `spec` makes (`module`), or the ones an attribute
-    names (`module:attr`: toolsets, or registrations and agents using their tools). The
-    module is imported in lock mode: a toolset without its lock file yet has no tools."""
+    """The toolsets `spec` names (`module:attr` holding toolsets), else every toolset the
+    module makes, at import or when `attr` (a function making registrations, as
+    `--agents` takes) is called. All in lock mode: a toolset builds no tools then (its
+    lock may be missing or about to change), so agents reveal none; each toolset made
+    is recorded instead."""
     module_name, _, attr = spec.partition(":")
     if not module_name:
         raise RegistrationError(f"{spec!r}: expected `module` or `module:attr`")
-    token = _LOCKING.set(True)
-    CREATED_WHILE_LOCKING.clear()
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise RegistrationError(f"{spec!r}: cannot import it ({err})") from err
-    finally:
-        _LOCKING.reset(token)
-    if attr:
-        value = getattr(module, attr)
+    with _lock_mode():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise RegistrationError(f"{spec!r}: cannot import it ({err})") from err
+        value = getattr(module, attr) if attr else None
         if callable(value) and not isinstance(value, MCPToolset):
-            token = _LOCKING.set(True)
-            try:
-                value = value()  # a function making the registrations, as --agents takes
-            finally:
-                _LOCKING.reset(token)
-        # Agents built while locking have no MCP tools yet: their toolsets were recorded.
-        found = [*_collect(value if isinstance(value, list | tuple) else [value])]
-        found += [t for t in CREATED_WHILE_LOCKING if t not in found]
-    else:
-        found = [*_collect(vars(module).values()), *CREATED_WHILE_LOCKING]
+            value = value()
+        made = [*CREATED_WHILE_LOCKING]
+    named = value if isinstance(value, list | tuple) else [value]
+    found = [t for t in named if isinstance(t, MCPToolset)] or [
+        *made,
+        *(v for v in vars(module).values() if isinstance(v, MCPToolset)),  # imported before
+    ]
     unique = list({id(t): t for t in found}.values())
     if not unique:
         raise RegistrationError(f"{spec!r} defines no MCPToolset")
     return unique
 
 
-def _collect(values: Iterable[Any]) -> list[MCPToolset]:
-    found: list[MCPToolset] = []
-    for value in values:
-        if isinstance(value, MCPToolset):
-            found.append(value)
-        elif isinstance(value, list | tuple):
-            found += _collect(value)
-        elif isinstance(value, AgentRegistration | Agent):
-            agent = value.agent if isinstance(value, AgentRegistration) else value
-            found += [t.origin for t in agent.tools if isinstance(t.origin, MCPToolset)]
-    return found
+@contextlib.contextmanager
+def _lock_mode() -> Iterator[None]:
+    token = _LOCKING.set(True)
+    CREATED_WHILE_LOCKING.clear()
+    try:
+        yield
+    finally:
+        _LOCKING.reset(token)
 
 
-def toolsets_of(registrations: Iterable[Any]) -> list[MCPToolset]:
+def toolsets_of(registrations: Iterable[AgentRegistration]) -> list[MCPToolset]:
     """The toolsets whose tools these registrations' agents use."""
-    return list({id(t): t for t in _collect(list(registrations))}.values())
+    found = [
+        t.origin for r in registrations for t in r.agent.tools if isinstance(t.origin, MCPToolset)
+    ]
+    return list({id(t): t for t in found}.values())
 
 
 async def lock_toolsets(

@@ -31,8 +31,9 @@ from typing import Any, ClassVar
 import jsonschema
 from pydantic import RootModel, model_validator
 
+from durably._json_schema import schema_problem
 from durably.errors import RegistrationError
-from durably.mcp._lock import LockedTool, ToolLock, tool_digest
+from durably.mcp._lock import LockedTool, ToolLock, drift, tool_digest
 from durably.mcp._servers import POOL, HTTPServer, Server, StdioServer, refused, session_lost
 from durably.tools import Tool, ToolContext, ToolDrift, ToolError
 
@@ -167,8 +168,6 @@ class MCPToolset:
 
     async def live_drift(self) -> list[str]:
         """How the server's live listing differs from the lock (empty: it does not)."""
-        from durably.mcp._lock import drift
-
         conn = await POOL.connection(self.server)
         live = list(conn.tools.values())
         if self.include is not None:
@@ -262,11 +261,9 @@ class _SchemaChecked(RootModel[Any]):
 
     @model_validator(mode="after")
     def _fits(self) -> _SchemaChecked:
-        errors = sorted(self.validator_.iter_errors(self.root), key=lambda e: list(e.path))
-        if errors:
-            first = errors[0]
-            where = "/".join(str(p) for p in first.absolute_path) or "(root)"
-            raise ValueError(f"{where}: {first.message[:300]}")
+        problem = schema_problem(self.validator_, self.root)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 

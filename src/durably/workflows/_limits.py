@@ -21,12 +21,22 @@ a tool-call limit does not stop the model from answering without tools.)
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from durably.contract import AgentPin, UsageLimits
 from durably.messages import Usage
 
-__all__ = ["LIMIT_FIELDS", "Exceeded", "ceiling", "exceeded", "raise_problem", "start_limits"]
+__all__ = [
+    "LIMIT_FIELDS",
+    "Exceeded",
+    "ceiling",
+    "elapsed_s",
+    "exceeded",
+    "raise_problem",
+    "start_limits",
+    "turn_budget",
+]
 
 LIMIT_FIELDS: tuple[str, ...] = tuple(UsageLimits.model_fields)
 _MODEL_ONLY = {"requests"}
@@ -34,6 +44,16 @@ _TOOL_ONLY = {"tool_calls"}
 
 Exceeded = tuple[str, float, float]
 """The limit reached: its name, its value, and what the run used of it."""
+
+
+def turn_budget(pin: AgentPin, own: int | None) -> int:
+    """The turns a run may take: its starter's own budget, else the agent's."""
+    return own or pin.max_turns
+
+
+def elapsed_s(started_at: datetime | None, now: datetime) -> float:
+    """Seconds since the run's chain started (what `wall_clock_s` limits)."""
+    return (now - started_at).total_seconds() if started_at else 0.0
 
 
 def ceiling(pin: AgentPin, name: str) -> float | None:

@@ -97,7 +97,13 @@ from durably.messages import (
     UserMessage,
 )
 from durably.tools import render_result
-from durably.workflows._limits import exceeded, raise_problem, start_limits
+from durably.workflows._limits import (
+    elapsed_s,
+    exceeded,
+    raise_problem,
+    start_limits,
+    turn_budget,
+)
 from durably.workflows._validation import (
     check_many,
     check_name,
@@ -278,7 +284,7 @@ class RunMachine:
 
     def turn_budget(self) -> int:
         """The turns the run may take: its starter's own budget, else the agent's."""
-        return self.s.max_turns or self.pin.max_turns
+        return turn_budget(self.pin, self.s.max_turns)
 
     def model_input(self, step: RequestModel) -> ModelCallInput:
         """The model request of a turn: only what the model has not seen yet."""
@@ -786,7 +792,7 @@ class RunMachine:
             return None
         if key.kind == "model" and key.turn == 1 and s.usage == Usage():
             return None  # nothing used yet (and the pin's workflow task: see `agent_run`)
-        elapsed = (now - s.started_at).total_seconds() if s.started_at else 0.0
+        elapsed = elapsed_s(s.started_at, now)
         hit = exceeded(s.limits, s.usage, elapsed, "model" if key.kind == "model" else "tool")
         if hit is None or not self._limits_apply():
             return None
@@ -826,7 +832,7 @@ class RunMachine:
         if problem is not None:
             raise rejection(ErrorType.INVALID_RESPONSE, f"cannot raise the limits: {problem}")
         limits = (s.limits or UsageLimits()).merged(request.limits)
-        elapsed = (now - s.started_at).total_seconds() if s.started_at else 0.0
+        elapsed = elapsed_s(s.started_at, now)
         budget = [p for p in s.parked if _on_budget(p) and p.operation not in self.decisions]
         still = [exceeded(limits, s.usage, elapsed, _kind(p.operation)) for p in budget]
         if budget and all(hit is not None for hit in still):

@@ -26,6 +26,7 @@ from durably.contract import (
     RunState,
     RunStatus,
 )
+from durably.workflows._limits import turn_budget
 from durably.workflows._validation import pending_interactions
 
 __all__ = ["build_snapshot"]
@@ -94,7 +95,7 @@ def build_snapshot(run_id: str, s: RunState, current: str | None) -> RunSnapshot
         turns=s.turns,
         usage=s.usage,
         limits=s.limits if s.pin else None,
-        max_turns=(s.max_turns or s.pin.max_turns) if s.pin else None,  # see turn_budget
+        max_turns=turn_budget(s.pin, s.max_turns) if s.pin else None,
         events=_merged(s.events, s.audit),
         error=s.error,
         next_attempt_at=s.next_attempt_at,

@@ -16,6 +16,7 @@ import jsonschema
 from pydantic import TypeAdapter, ValidationError
 
 from durably._digests import response_digest
+from durably._json_schema import schema_problem
 from durably.contract import (
     CONTROL_CHARACTERS,
     MAX_ANSWER_BYTES,
@@ -524,10 +525,4 @@ def _schema_problem(schema: dict[str, Any], value: Any) -> str | None:
     """Why `value` does not fit the JSON schema, or None if it does."""
     if not schema:
         return None
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(schema).iter_errors(value)
-    )
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    return f"{where[:100]}: {error.message[:300]}"
+    return schema_problem(jsonschema.Draft202012Validator(schema), value)
