@@ -94,6 +94,7 @@ class WorkerProcess:
         task_queue: str,
         env: dict[str, str],
         agents: str = "tests.crash_agents:registrations",
+        options: tuple[str, ...] = (),
     ) -> None:
         self.proc = subprocess.Popen(
             [
@@ -107,6 +108,7 @@ class WorkerProcess:
                 target,
                 "--task-queue",
                 task_queue,
+                *options,
             ],
             cwd=ROOT,
             env=env,

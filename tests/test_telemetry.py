@@ -7,8 +7,6 @@ import asyncio
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import urllib.request
 import uuid
@@ -44,8 +42,7 @@ from durably.plugin import DurablyPlugin
 from durably.pricing import Price
 
 from .conftest import Runtimes, asker, cli, eventually, free_ports, operation_id, wait_for_status
-
-ROOT = Path(__file__).resolve().parent.parent
+from .test_crash_recovery import ROOT, WorkerProcess
 
 
 @pytest.fixture
@@ -344,38 +341,32 @@ class OtelWorker:
         self.journal = tmp / "journal.jsonl"
         self.spans.touch()
         self.journal.touch()
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.workers: list[WorkerProcess] = []
 
-    def start(self, *options: str) -> subprocess.Popen[bytes]:
+    def start(self, *options: str) -> WorkerProcess:
         environ = {
             **os.environ,
             "DURABLY_TEST_SPANS": str(self.spans),
             "DURABLY_TEST_JOURNAL": str(self.journal),
             "PYTHONPATH": str(ROOT),
         }
-        argv = [sys.executable, "-m", "durably", "worker", "--otel"]
-        argv += ["--agents", "tests.telemetry_agents:registrations"]
-        argv += ["--target", self.target, "--task-queue", self.task_queue, *options]
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=environ,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
+        worker = WorkerProcess(
+            self.target,
+            self.task_queue,
+            environ,
+            agents="tests.telemetry_agents:registrations",
+            options=("--otel", *options),
         )
-        self.procs.append(proc)
-        return proc
+        self.workers.append(worker)
+        return worker
 
     def entries(self, path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                worker.kill()
 
 
 @pytest.fixture
@@ -398,8 +389,7 @@ async def test_a_worker_killed_mid_run_and_restarted_never_repeats_a_committed_s
         return any(e.get("tool") == "read_once" for e in otel_worker.entries(otel_worker.journal))
 
     await eventually(hanging)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait(10)
+    first.kill()
     (port,) = free_ports(1)
     otel_worker.start("--metrics", f"127.0.0.1:{port}")
     assert (await asyncio.wait_for(run.result(), 60)).output == "read on attempt 2"
