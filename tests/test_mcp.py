@@ -127,13 +127,12 @@ class TestPolicies:
         assert set(policies(untrusted).values()) == {("manual", False)}
 
     async def test_a_server_of_another_version_than_the_locks_is_named(self, root: Path) -> None:
-        records = records_toolset(root)
-        await lock_toolsets([records])
-        assert await records.version_change() is None
+        await lock_toolsets([records_toolset(root)])
+        assert await records_toolset(root).check() == ([], None)
         lock = json.loads((root / "records.lock.json").read_text())
         lock["server"]["version"] = "0.9.0"
         (root / "records.lock.json").write_text(json.dumps(lock))
-        changed = await records.version_change()
+        _, changed = await records_toolset(root).check()
         assert changed == "durably-test-server 1.0.0, locked at 0.9.0"
 
     async def test_durably_tools_lists_what_each_registered_tool_will_do(self, root: Path) -> None:

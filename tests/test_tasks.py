@@ -9,6 +9,7 @@ import sys
 from pydantic import BaseModel
 
 from durably import (
+    BudgetExceeded,
     DurableClient,
     RunStatus,
     TaskRegistration,
@@ -67,6 +68,21 @@ async def test_a_task_runs_as_a_run_of_its_own(client: DurableClient, runtimes: 
     assert result.usage.requests == 0  # no model was asked
     kinds = [e.type for e in (await run.snapshot()).events]
     assert kinds.count("tool_completed") == 1
+
+
+async def test_a_task_started_with_limits_parks_on_them_until_raised(
+    client: DurableClient, runtimes: Runtimes
+) -> None:
+    ledger = Ledger()
+    await runtimes.start(ledger.registrations())
+    run = await client.start_task(
+        "refund_order", Refund(order="B", cents=1), limits={"tool_calls": 0}
+    )
+    parked = await wait_for_status(run, RunStatus.NEEDS_ATTENTION)
+    assert isinstance(parked.attention, BudgetExceeded) and ledger.refunds == []
+    await run.raise_limits({"tool_calls": 1})
+    await asyncio.wait_for(run.result(), 30)
+    assert [order for order, _ in ledger.refunds] == ["B"]
 
 
 async def test_an_approval_gated_task_waits_and_runs_once_approved(

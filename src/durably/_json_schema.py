@@ -7,7 +7,15 @@ from typing import Any
 
 import jsonschema
 
-__all__ = ["schema_problem"]
+__all__ = ["schema_problem", "validator"]
+
+
+def validator(schema: dict[str, Any]) -> Any:
+    """A validator for `schema`, by the draft it names (`$schema`; else the newest), after
+    checking the schema itself (`jsonschema.SchemaError` if it is not one)."""
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema)
 
 
 def schema_problem(validator: Any, value: Any) -> str | None:

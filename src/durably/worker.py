@@ -39,6 +39,9 @@ from durably.errors import (
     RegistrationError,
     VersionDriftError,
 )
+from durably.mcp import MCPToolset
+from durably.mcp._locking import toolsets_of
+from durably.mcp._servers import POOL
 from durably.observers import Checkpoints, Observer, ObserverHost
 from durably.plugin import DurablyPlugin
 from durably.registry import AgentRegistry
@@ -297,16 +300,10 @@ class DurableRuntime:
             self._task = None
         toolsets = self._mcp_toolsets()
         if toolsets:
-            from durably.mcp._servers import POOL
-
             await POOL.close([t.server for t in toolsets])  # the servers this worker used
 
-    def _mcp_toolsets(self) -> list[Any]:
-        """The MCP toolsets whose tools the hosted agents use (none without the extra)."""
-        if not any(t.origin is not None for r in self.registry.all() for t in r.agent.tools):
-            return []
-        from durably.mcp._locking import toolsets_of
-
+    def _mcp_toolsets(self) -> list[MCPToolset]:
+        """The MCP toolsets whose tools the hosted agents use."""
         return toolsets_of(self.registry.all())
 
     async def _check_mcp_servers(self) -> None:
@@ -318,15 +315,15 @@ class DurableRuntime:
         """
         problems: list[str] = []
         toolsets = self._mcp_toolsets()
-        checked = await asyncio.gather(*(t.live_drift() for t in toolsets), return_exceptions=True)
-        for toolset, drifted in zip(toolsets, checked, strict=True):
-            if isinstance(drifted, BaseException):
-                if not isinstance(drifted, DurablyError):
-                    raise drifted
-                _log.warning("MCP server unreachable", toolset=toolset.name, error=str(drifted))
-                problems.append(f"{toolset.name}: {drifted}")
+        checked = await asyncio.gather(*(t.check() for t in toolsets), return_exceptions=True)
+        for toolset, result in zip(toolsets, checked, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, DurablyError):
+                    raise result
+                _log.warning("MCP server unreachable", toolset=toolset.name, error=str(result))
+                problems.append(f"{toolset.name}: {result}")
                 continue
-            changed = await toolset.version_change()
+            drifted, changed = result
             if changed is not None:  # the same tools listed: runs go on, but say so
                 _log.warning(
                     "MCP server's version differs from its lock file's, with the same tools "

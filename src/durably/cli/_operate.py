@@ -118,7 +118,9 @@ async def start(
             raise InvalidRunInputError(
                 '--task takes INPUT as a JSON object, such as \'{"order": "A"}\''
             )
-        run = await client.start_task(agent_id, argument, version=version, run_id=run_id)
+        run = await client.start_task(
+            agent_id, argument, version=version, run_id=run_id, limits=limits, max_turns=max_turns
+        )
     else:
         run = await client.start_run(
             agent_id, input, version=version, run_id=run_id, limits=limits, max_turns=max_turns

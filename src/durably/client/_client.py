@@ -170,6 +170,8 @@ class DurableClient:
         *,
         version: str | None = None,
         run_id: str | None = None,
+        limits: UsageLimits | Mapping[str, Any] | None = None,
+        max_turns: int | None = None,
     ) -> RunHandle:
         """Start a run of the custom task `task_id` (`durably.tasks`) with its argument.
 
@@ -177,6 +179,8 @@ class DurableClient:
         `resolve_tool`, `retry()`, inbox); its output is the task's result,
         as JSON text (a string result as it is). `input` is the task's
         argument: its pydantic model, or the same as a mapping.
+
+        `limits` and `max_turns` are the run's own, as for `start_run`.
 
         .. versionadded:: Unreleased
         """
@@ -187,7 +191,14 @@ class DurableClient:
                 f"a task's input is its argument, a pydantic model or a mapping; got "
                 f"{type(input).__name__}"
             )
-        return await self.start_run(task_id, task_input(input), version=version, run_id=run_id)
+        return await self.start_run(
+            task_id,
+            task_input(input),
+            version=version,
+            run_id=run_id,
+            limits=limits,
+            max_turns=max_turns,
+        )
 
     async def _start(
         self,

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LOCK_FORMAT", "LockedTool", "ToolLock", "drift", "tool_digest"]
+__all__ = ["LockedTool", "ToolLock", "drift", "tool_digest"]
 
 LOCK_FORMAT = 1
 

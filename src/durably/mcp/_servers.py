@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durably.errors import DurablyError
-from durably.mcp._lock import LockedTool
+from durably.mcp._lock import LockedTool, tool_digest
 
-__all__ = ["POOL", "HTTPServer", "MCPServerError", "ServerPool", "StdioServer"]
+__all__ = ["POOL", "HTTPServer", "MCPServerError", "StdioServer", "refused", "session_lost"]
 
 _OPEN_TIMEOUT_S = 30.0
 # The `_meta` key a tools/call request carries the call's operation id under.
@@ -103,6 +103,7 @@ class _Connection:
         self.loop = asyncio.get_running_loop()
         self.session: Any = None
         self.tools: dict[str, LockedTool] = {}
+        self.digests: dict[str, str] = {}  # each tool's `tool_digest`, as listed
         self.server_info: dict[str, Any] = {}
         self.listed_at = 0.0
         self._stale = False  # the server said its tool list changed
@@ -182,16 +183,17 @@ class _Connection:
 
     async def _list(self) -> None:
         self.tools = {t.name: t for t in await list_tools(self.session)}
+        self.digests = {name: tool_digest(t) for name, t in self.tools.items()}
         self.listed_at = time.monotonic()
         self._stale = False
 
-    async def current_tools(self) -> dict[str, LockedTool]:
-        """The server's tools, listed again if it said they changed (or, over HTTP, if the
-        listing is old): a call is checked against what the server serves now."""
+    async def current_digests(self) -> dict[str, str]:
+        """Each tool's digest as the server serves it now: listed again if it said its tools
+        changed (or, over HTTP, if the listing is old)."""
         old = time.monotonic() - self.listed_at > _HTTP_LISTING_TTL_S
         if self._stale or (isinstance(self.server, HTTPServer) and old):
             await self._list()
-        return self.tools
+        return self.digests
 
     async def call(self, name: str, arguments: dict[str, Any], operation_id: str) -> Any:
         from mcp.shared.exceptions import MCPError

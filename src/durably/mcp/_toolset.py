@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import jsonschema
 from pydantic import RootModel, model_validator
 
-from durably._json_schema import schema_problem
+from durably._json_schema import schema_problem, validator
 from durably.errors import RegistrationError
 from durably.mcp._lock import LockedTool, ToolLock, drift, tool_digest
 from durably.mcp._servers import POOL, HTTPServer, Server, StdioServer, refused, session_lost
@@ -106,19 +106,24 @@ class MCPToolset:
         return f"MCPToolset({self.name!r}, {self.server.describe()!r})"
 
     @functools.cached_property
-    def locked(self) -> list[LockedTool]:
-        """The tools of the lock file (that `include` keeps); none while locking (the lock
-        may be missing, or about to change)."""
+    def lock(self) -> ToolLock | None:
+        """The lock file; None while locking (it may be missing, or about to change)."""
         if _LOCKING.get():
-            return []
+            return None
         if not self.lock_path.exists():
             raise RegistrationError(
                 f"MCPToolset {self.name!r}: its lock file {str(self.lock_path)!r} does not "
                 "exist; write it with `durably mcp lock module:attr` (the server must run), "
                 "review it, and commit it with the agent's code"
             )
-        lock = ToolLock.read(self.lock_path)
-        tools = lock.tools
+        return ToolLock.read(self.lock_path)
+
+    @functools.cached_property
+    def locked(self) -> list[LockedTool]:
+        """The tools of the lock file that `include` keeps (none while locking)."""
+        if self.lock is None:
+            return []
+        tools = self.lock.tools
         if self.include is not None:
             missing = sorted(set(self.include) - {t.name for t in tools})
             if missing:
@@ -166,23 +171,20 @@ class MCPToolset:
                 "prefix, or leave the tool out with include="
             ) from err
 
-    async def live_drift(self) -> list[str]:
-        """How the server's live listing differs from the lock (empty: it does not)."""
+    async def check(self) -> tuple[list[str], str | None]:
+        """How the server's live listing differs from the lock (one line per tool; none:
+        it does not), and its version now and at lock time if they differ (its tools may
+        have kept their listing and changed what they do)."""
         conn = await POOL.connection(self.server)
         live = list(conn.tools.values())
         if self.include is not None:
             live = [t for t in live if t.name in self.include]
-        return drift(self.locked, live)
-
-    async def version_change(self) -> str | None:
-        """The server's version now and at lock time, if they differ (its tools may have
-        kept their listing and changed what they do)."""
-        conn = await POOL.connection(self.server)
-        locked = ToolLock.read(self.lock_path).server.get("version")
+        locked = self.lock.server.get("version") if self.lock else None
         running = conn.server_info.get("version")
-        if locked is None or running is None or locked == running:
-            return None
-        return f"{conn.server_info.get('name', 'the server')} {running}, locked at {locked}"
+        version = None
+        if locked is not None and running is not None and locked != running:
+            version = f"{conn.server_info.get('name', 'the server')} {running}, locked at {locked}"
+        return drift(self.locked, live), version
 
 
 async def _call(
@@ -203,8 +205,8 @@ async def _call(
 
     for resend in (False, True):
         conn = await POOL.connection(toolset.server)
-        live = (await conn.current_tools()).get(name)
-        if live is None or tool_digest(live) != digest:
+        live = (await conn.current_digests()).get(name)
+        if live != digest:
             change = "is no longer listed" if live is None else "changed since it was locked"
             raise ToolDrift(
                 f"MCP server `{toolset.server.describe()}` of toolset {toolset.name!r}: tool "
@@ -280,13 +282,10 @@ def _schema_model(
 ) -> type[_SchemaChecked]:
     """A subclass of `base` that checks values against `schema` and reports it as its
     JSON schema (what the model is shown, and what the fingerprint hashes)."""
-    validator_class = jsonschema.validators.validator_for(schema)
     try:
-        validator_class.check_schema(schema)
+        checks = validator(schema)
     except jsonschema.SchemaError as err:
         raise ValueError(f"its schema is not a valid JSON schema: {err.message[:300]}") from None
     return type(
-        name,
-        (base,),
-        {"schema_": dict(schema), "validator_": validator_class(schema), "__module__": __name__},
+        name, (base,), {"schema_": dict(schema), "validator_": checks, "__module__": __name__}
     )

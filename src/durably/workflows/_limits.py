@@ -21,28 +21,32 @@ a tool-call limit does not stop the model from answering without tools.)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from durably.contract import AgentPin, UsageLimits
+from durably.contract import AgentPin, Attention, UsageLimits
 from durably.messages import Usage
 
 __all__ = [
-    "LIMIT_FIELDS",
-    "Exceeded",
-    "ceiling",
+    "BUDGET_EXCEEDED",
     "elapsed_s",
     "exceeded",
+    "how_far",
+    "on_budget",
     "raise_problem",
     "start_limits",
     "turn_budget",
 ]
 
-LIMIT_FIELDS: tuple[str, ...] = tuple(UsageLimits.model_fields)
+# The attention reason of a run parked on a limit.
+BUDGET_EXCEEDED = "budget_exceeded"
+
+_LIMIT_FIELDS: tuple[str, ...] = tuple(UsageLimits.model_fields)
 _MODEL_ONLY = {"requests"}
 _TOOL_ONLY = {"tool_calls"}
 
-Exceeded = tuple[str, float, float]
+_Exceeded = tuple[str, float, float]
 """The limit reached: its name, its value, and what the run used of it."""
 
 
@@ -56,32 +60,38 @@ def elapsed_s(started_at: datetime | None, now: datetime) -> float:
     return (now - started_at).total_seconds() if started_at else 0.0
 
 
-def ceiling(pin: AgentPin, name: str) -> float | None:
-    """How high a caller may set limit `name` (None: no bound): the registration's cap
-    for it, else the registration's own limit."""
-    for source in (pin.limit_cap, pin.limits):
+def on_budget(attention: Attention | None) -> bool:
+    """The attention is a limit the run reached."""
+    return attention is not None and attention.reason == BUDGET_EXCEEDED
+
+
+def how_far(detail: Mapping[str, Any]) -> str:
+    """A budget attention's limit and how far the run went, e.g. `total_tokens 1100 of
+    1000` (its detail is the run's own, written by `RunMachine.over_budget`)."""
+    return f"{detail.get('limit')} {detail.get('used', 0):g} of {detail.get('value', 0):g}"
+
+
+def _ceiling(pin: AgentPin, name: str) -> tuple[float, str] | None:
+    """How high a caller may set limit `name`, and which registration setting says so
+    (None: no bound): the cap for it, else the registration's own limit."""
+    for setting, source in (("limit_cap", pin.limit_cap), ("limits", pin.limits)):
         value = getattr(source, name) if source is not None else None
         if value is not None:
-            return float(value)
+            return float(value), setting
     return None
 
 
 def _over_ceiling(pin: AgentPin, wanted: UsageLimits) -> str | None:
-    for name in LIMIT_FIELDS:
+    for name in _LIMIT_FIELDS:
         value = getattr(wanted, name)
-        top = ceiling(pin, name)
-        if value is not None and top is not None and value > top:
+        top = _ceiling(pin, name)
+        if value is not None and top is not None and value > top[0]:
             return (
                 f"{name} {value:g} is above what agent {pin.agent_id!r} version "
-                f"{pin.version!r} allows ({top:g}, its registration's "
-                f"{'limit_cap' if _set(pin.limit_cap, name) else 'limits'}); ask for at most "
-                f"{top:g}, or raise limit_cap in the registration"
+                f"{pin.version!r} allows ({top[0]:g}, its registration's {top[1]}); ask for "
+                f"at most {top[0]:g}, or raise limit_cap in the registration"
             )
     return None
-
-
-def _set(limits: UsageLimits | None, name: str) -> bool:
-    return limits is not None and getattr(limits, name) is not None
 
 
 def start_limits(
@@ -118,7 +128,7 @@ def exceeded(
     usage: Usage,
     elapsed_s: float,
     kind: Literal["model", "tool"],
-) -> Exceeded | None:
+) -> _Exceeded | None:
     """The first limit the run has reached before an operation of `kind`, if any."""
     if limits is None:
         return None
@@ -132,7 +142,7 @@ def exceeded(
         "wall_clock_s": elapsed_s,
     }
     skip = _TOOL_ONLY if kind == "model" else _MODEL_ONLY
-    for name in LIMIT_FIELDS:
+    for name in _LIMIT_FIELDS:
         value = getattr(limits, name)
         if name not in skip and value is not None and used[name] >= value:
             return name, float(value), float(used[name])

@@ -98,8 +98,11 @@ from durably.messages import (
 )
 from durably.tools import render_result
 from durably.workflows._limits import (
+    BUDGET_EXCEEDED,
     elapsed_s,
     exceeded,
+    how_far,
+    on_budget,
     raise_problem,
     start_limits,
     turn_budget,
@@ -159,7 +162,6 @@ INLINE_LIMIT = 8 * 2**10
 # Attention reasons an activity's failure details may name.
 _VERSION_REASONS = ("version_missing", "version_incompatible")
 SUBAGENT_FAILED = "subagent_failed"
-BUDGET_EXCEEDED = "budget_exceeded"
 # Continue-as-new thresholds before the pin names the registration's.
 _DEFAULT_CAN_EVENTS: int = AgentPin.model_fields["continue_as_new_events"].default
 _DEFAULT_CAN_BYTES: int = AgentPin.model_fields["continue_as_new_bytes"].default
@@ -728,7 +730,7 @@ class RunMachine:
         if self.parallel:
             where = str(key) if key else None
             taken = self.decisions.pop(where)
-            if not any(p.operation == where and _on_budget(p) for p in self.s.parked):
+            if not any(p.operation == where and on_budget(p.attention) for p in self.s.parked):
                 self._record_decision(taken, where)  # a raised limit has its own event
             self.s.parked = [p for p in self.s.parked if p.operation != where]
             self._settle()
@@ -833,7 +835,9 @@ class RunMachine:
             raise rejection(ErrorType.INVALID_RESPONSE, f"cannot raise the limits: {problem}")
         limits = (s.limits or UsageLimits()).merged(request.limits)
         elapsed = elapsed_s(s.started_at, now)
-        budget = [p for p in s.parked if _on_budget(p) and p.operation not in self.decisions]
+        budget = [
+            p for p in s.parked if on_budget(p.attention) and p.operation not in self.decisions
+        ]
         still = [exceeded(limits, s.usage, elapsed, _kind(p.operation)) for p in budget]
         if budget and all(hit is not None for hit in still):
             name, value, used = next(hit for hit in still if hit is not None)
@@ -852,7 +856,9 @@ class RunMachine:
         resumed = [
             p.operation
             for p in s.parked
-            if _on_budget(p) and p.operation is not None and p.operation not in self.decisions
+            if on_budget(p.attention)
+            and p.operation is not None
+            and p.operation not in self.decisions
         ]
         for operation in resumed:
             self.decisions[operation] = "retry"
@@ -1101,17 +1107,13 @@ def _why(attention: Attention | None, error: str) -> str:
     if attention is None:
         return error
     d = attention.detail
-    if attention.reason == BUDGET_EXCEEDED:
-        return f"{BUDGET_EXCEEDED}: {d.get('limit')} {d.get('used', 0):g} of {d.get('value', 0):g}"
+    if on_budget(attention):
+        return f"{BUDGET_EXCEEDED}: {how_far(d)}"
     return attention.reason
 
 
 def _kind(operation: str | None) -> Literal["model", "tool"]:
     return "model" if (operation or "").startswith("model:") else "tool"
-
-
-def _on_budget(parked: ParkedCall) -> bool:
-    return parked.attention is not None and parked.attention.reason == BUDGET_EXCEEDED
 
 
 def _question(call: ToolCall, policy: ToolPolicy) -> str | None:

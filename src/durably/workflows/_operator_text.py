@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from durably._text import md_code, md_text
     from durably.contract import Attention, Handler, Interaction, RunState, RunStatus
     from durably.tools import render_result
+    from durably.workflows._limits import how_far, on_budget
 
 __all__ = [
     "attention_details",
@@ -167,14 +168,12 @@ def attention_details(run_id: str, key: str | None, attention: Attention | None,
             "then resolve the operation with its real result (`--json`, `--error`, or "
             "`--rerun` once you know it did not happen)."
         )
-    if attention is not None and attention.reason == "budget_exceeded":
-        d = attention.detail
-        limit = str(d.get("limit"))
-        used = f"{d.get('used', 0):g} used of {d.get('value', 0):g}"
+    if attention is not None and on_budget(attention):
+        limit = str(attention.detail.get("limit"))
         return (
             f"**Needs attention, waiting for `durably raise-limits` {run} "
             f"{md_code(limit + '=...')}**: the run reached its {md_code(limit)} limit "
-            f"({md_text(used)}) before "
+            f"({md_text(how_far(attention.detail))}) before "
             f"{md_code(key or '')}.\n\nRaise the limit to let it go on (up to what the "
             "registration's `limit_cap` allows), or cancel the run."
         )

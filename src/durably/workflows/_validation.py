@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jsonschema
 from pydantic import TypeAdapter, ValidationError
 
 from durably._digests import response_digest
-from durably._json_schema import schema_problem
+from durably._json_schema import schema_problem, validator
 from durably.contract import (
     CONTROL_CHARACTERS,
     MAX_ANSWER_BYTES,
@@ -41,6 +40,7 @@ from durably.contract import (
     RunState,
     RunStatus,
 )
+from durably.workflows._limits import BUDGET_EXCEEDED, how_far, on_budget
 
 __all__ = [
     "Rejected",
@@ -59,10 +59,6 @@ _RESOLUTION: TypeAdapter[JsonResolution | ErrorResolution | RerunResolution] = T
     Resolution
 )
 _RESPONSE: TypeAdapter[ApprovalResponse | Answer] = TypeAdapter(Response)
-
-
-# Why a run parked on a usage limit (`RunMachine.over_budget`).
-_BUDGET = "budget_exceeded"
 
 
 def short(value: Any, limit: int = 200) -> str:
@@ -150,7 +146,7 @@ def check_resolution(
             "open: a rerun would only wait for it again. Retry that run once its cause is "
             "fixed (this run goes on by itself), or resolve this call with json or error",
         )
-    if attention is not None and attention.reason == _BUDGET:
+    if on_budget(attention):
         raise rejection(ErrorType.DURABLE_CONFLICT, _over_budget(run_id, [entry]))
     if attention is None or attention.reason not in ("tool_interrupted", "subagent_failed"):
         reason = attention.reason if attention else "unknown"
@@ -219,7 +215,8 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
                 p.status == RunStatus.NEEDS_ATTENTION
                 and (
                     p.attention is None
-                    or p.attention.reason not in ("tool_interrupted", "subagent_failed", _BUDGET)
+                    or p.attention.reason
+                    not in ("tool_interrupted", "subagent_failed", BUDGET_EXCEEDED)
                 )
             )
         )
@@ -239,7 +236,7 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
             "once their cause is fixed (this run goes on by itself), or resolve_tool this "
             "run's call with json or error",
         )
-    budget = [p for p in _blocked(s) if p.attention is not None and p.attention.reason == _BUDGET]
+    budget = [p for p in _blocked(s) if on_budget(p.attention)]
     interrupted = [p.operation for p in _blocked(s) if p.operation not in taken and p not in budget]
     if budget and not interrupted:
         raise rejection(ErrorType.DURABLE_CONFLICT, _over_budget(run_id, budget))
@@ -264,11 +261,10 @@ def retried_operations(run_id: str, s: RunState, *, taken: set[str | None]) -> l
 def _over_budget(run_id: str, parked: list[ParkedCall]) -> str:
     """What to do about a run parked on a usage limit (retrying would park it again)."""
     detail = parked[0].attention.detail if parked[0].attention else {}
-    name = detail.get("limit", "a")
     return (
-        f"run {run_id!r} reached its {name} limit ({detail.get('used', 0):g} used, limit "
-        f"{detail.get('value', 0):g}) before {parked[0].operation!r}; raise the limit "
-        "(raise_limits, `durably raise-limits`) to let it go on, or cancel it"
+        f"run {run_id!r} reached a limit ({how_far(detail)}) before "
+        f"{parked[0].operation!r}; raise the limit (raise_limits, `durably raise-limits`) "
+        "to let it go on, or cancel it"
     )
 
 
@@ -291,7 +287,7 @@ def _check_retry_one(run_id: str, s: RunState) -> None:
                 "once its cause is fixed (this run goes on by itself), or resolve_tool this "
                 "run's call with json or error",
             )
-        if s.attention.reason == _BUDGET:
+        if on_budget(s.attention):
             raise rejection(ErrorType.DURABLE_CONFLICT, _over_budget(run_id, _blocked(s)))
         if s.attention.reason == "tool_interrupted":
             raise rejection(
@@ -525,4 +521,4 @@ def _schema_problem(schema: dict[str, Any], value: Any) -> str | None:
     """Why `value` does not fit the JSON schema, or None if it does."""
     if not schema:
         return None
-    return schema_problem(jsonschema.Draft202012Validator(schema), value)
+    return schema_problem(validator(schema), value)

@@ -298,7 +298,7 @@ class AgentRunWorkflow:
     async def _pin_run(self) -> None:
         """Pin the registration, and the limits the run applies under it."""
         m = self._m
-        if self._parallel and (m.s.limits is not None or m.s.max_turns is not None):
+        if m.s.limits is not None or m.s.max_turns is not None:
             # Decided before the pin: a patch marker after a local activity's, in the same
             # workflow task, does not replay.
             self._limits_apply()
@@ -552,9 +552,7 @@ class AgentRunWorkflow:
         retry = m.pin.model_retry if self._seed_fidelity else None
         if m.s.status == RunStatus.RETRY_WAIT:  # continued as new while waiting to retry
             request = request.model_copy(update={"attempt": m.s.attempt})
-            await self._until_next_attempt()
-            if (over := self._over_budget(step.key)) is not None:
-                raise _OverBudget(over)
+            await self._until_next_attempt(step.key)
         while True:
             workflow.set_current_details(
                 f"Waiting for the model (turn {step.turn} of {m.turn_budget()})"
@@ -580,8 +578,6 @@ class AgentRunWorkflow:
                     raise
                 request = request.model_copy(update={"attempt": attempt + 1})
                 await self._retry_wait(step.key, describe(err), attempt + 1, delay)
-                if (over := self._over_budget(step.key)) is not None:
-                    raise _OverBudget(over) from None
             else:
                 m.sent()
                 return result
@@ -594,12 +590,13 @@ class AgentRunWorkflow:
         keeps both the timer and the status."""
         self._m.wait_to_retry(key, error, attempt, workflow.now() + delay)
         self._publish()
-        await self._until_next_attempt()
+        await self._until_next_attempt(key)
 
-    async def _until_next_attempt(self) -> None:
-        """Sleep until the model request's next attempt. Each failed attempt adds a dozen
-        events, and `max_attempts` has no bound: when the history nears its limit the
-        run continues as new first, and the new run resumes this wait from its state."""
+    async def _until_next_attempt(self, key: OperationKey) -> None:
+        """Sleep until the model request's next attempt, then check it against the run's
+        limits (raising `_OverBudget`: the run parks instead). Each failed attempt adds a
+        dozen events, and `max_attempts` has no bound: when the history nears its limit
+        the run continues as new first, and the new run resumes this wait from its state."""
         m = self._m
         if self._may_continue_from_wait():
             await workflow.wait_condition(workflow.all_handlers_finished)
@@ -615,6 +612,8 @@ class AgentRunWorkflow:
             )
         m.retry_due()
         self._publish()
+        if (over := self._over_budget(key)) is not None:
+            raise _OverBudget(over)
 
     async def _tool(
         self, key: OperationKey, call: ToolCall, gate: asyncio.Semaphore | None = None
@@ -749,7 +748,7 @@ class AgentRunWorkflow:
     def _over_budget(self, key: OperationKey) -> Attention | None:
         """The limit the run reached before `key`, if any (a model request waiting out its
         backoff is checked once the wait is over, by `_model`)."""
-        if not self._parallel or self._m.s.status == RunStatus.RETRY_WAIT:
+        if self._m.s.status == RunStatus.RETRY_WAIT:
             return None
         return self._m.over_budget(key, workflow.now())
 
