@@ -56,6 +56,7 @@ from ag_ui.core.events import (
     RunFinishedSuccessOutcome,
 )
 
+from durably._query_guard import ask
 from durably.client import DurableClient, RunHandle
 from durably.contract import Interaction, LiveEvent, LiveItem, LiveText
 from durably.errors import DurablyError, RunNotFoundError
@@ -109,7 +110,7 @@ async def _segment(
     if inp.resume:
         run = await _waiting_run(client, session.session_id)
         handle = client.temporal.get_workflow_handle(run.run_id)
-        next_offset: int = await handle.query(_OFFSET_QUERY, result_type=int)
+        next_offset = await ask(handle, _OFFSET_QUERY, result_type=int)
         await run.respond_many(_responses(await run.pending(), inp.resume), responder=responder)
         return run, next_offset - 1
     text = _last_user_text(inp)

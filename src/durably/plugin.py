@@ -26,9 +26,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import WorkerConfig
+from temporalio.worker import UnsandboxedWorkflowRunner, WorkerConfig
 
 from durably._converter import durable_converter, with_durable_converter
+from durably._query_guard import QueryGuardRunner
 from durably.activities import AgentActivities, TranscriptCache
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
@@ -98,9 +99,14 @@ class DurablyPlugin(SimplePlugin):
         )
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
-        """Also give the worker's client durably's converter: a plugin handed to a
-        worker alone never sees that client's configuration."""
+        """Also give the worker's client durably's converter (a plugin handed to a
+        worker alone never sees that client's configuration), and guard the runner of
+        durably's workflows against queries that overtake a workflow task
+        (`durably._query_guard`)."""
         config["client"] = with_durable_converter(config["client"], self.encryption)
+        runner = config.get("unsandboxed_workflow_runner") or UnsandboxedWorkflowRunner()
+        if not isinstance(runner, QueryGuardRunner):
+            config["unsandboxed_workflow_runner"] = QueryGuardRunner(runner)
         return super().configure_worker(config)
 
     @staticmethod

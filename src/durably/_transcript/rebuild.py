@@ -27,6 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durably._query_guard import ask
 from durably._transcript.cache import TranscriptCache
 from durably._transcript.digest import extend_digest, proves, transcript_digest
 from durably.contract import (
@@ -170,9 +171,7 @@ async def rebuild_transcript(
 async def _fetch_message(workflow_id: str, position: int) -> Message:
     """One message of the run's transcript, by query."""
     handle = activity.client().get_workflow_handle(workflow_id)
-    page: TranscriptPage = await handle.query(
-        Handler.TRANSCRIPT, args=[position, 1], result_type=TranscriptPage
-    )
+    page = await ask(handle, Handler.TRANSCRIPT, position, 1, result_type=TranscriptPage)
     if not page.messages:
         raise ApplicationError(
             f"run {workflow_id!r} has no message {position} yet; this is a bug in durably, "
@@ -188,7 +187,7 @@ async def _fetch_transcript(workflow_id: str, temporal_run_id: str | None = None
     messages: list[Message] = []
     while True:
         try:
-            page = await handle.query(Handler.TRANSCRIPT, len(messages), result_type=TranscriptPage)
+            page = await ask(handle, Handler.TRANSCRIPT, len(messages), result_type=TranscriptPage)
         except RPCError as exc:
             if temporal_run_id is None or exc.status != RPCStatusCode.NOT_FOUND:
                 raise

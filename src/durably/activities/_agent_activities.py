@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from durably._query_guard import ask
 from durably._transcript import (
     EMPTY_DIGEST,
     TranscriptCache,
@@ -326,9 +327,7 @@ class AgentActivities:
         history (namespace retention deletes it)."""
         handle = activity.client().get_workflow_handle(request.run_id)
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
-            page: TranscriptPage = await handle.query(
-                Handler.TRANSCRIPT, request.offset, result_type=TranscriptPage
-            )
+            page = await ask(handle, Handler.TRANSCRIPT, request.offset, result_type=TranscriptPage)
         return page
 
     # -- tools --------------------------------------------------------------

@@ -34,6 +34,7 @@ from temporalio.exceptions import ApplicationError, CancelledError, TerminatedEr
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durably._query_guard import ask
 from durably._text import printable
 from durably.approvals import ApprovalKeys
 from durably.client._live import follow
@@ -156,8 +157,8 @@ class RunHandle:
         `attempt`, when its model request is in that state.
         """
         try:
-            snapshot: RunSnapshot = await self._handle.query(
-                Handler.SNAPSHOT, result_type=RunSnapshot, rpc_timeout=_QUERY_TIMEOUT
+            snapshot = await ask(
+                self._handle, Handler.SNAPSHOT, result_type=RunSnapshot, rpc_timeout=_QUERY_TIMEOUT
             )
             if snapshot.status == RunStatus.RUNNING:
                 snapshot = await self._with_retry_wait(snapshot)

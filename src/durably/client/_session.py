@@ -13,6 +13,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from durably._query_guard import ask
 from durably.client._handle import RunHandle, execute_update, temporal_error
 from durably.client._live import follow
 from durably.contract import (
@@ -129,9 +130,7 @@ class SessionHandle:
     async def snapshot(self) -> SessionSnapshot:
         """The session's runs in order, and how long its conversation is."""
         try:
-            snapshot: SessionSnapshot = await self._handle.query(
-                SessionHandler.SNAPSHOT, result_type=SessionSnapshot
-            )
+            snapshot = await ask(self._handle, SessionHandler.SNAPSHOT, result_type=SessionSnapshot)
         except RPCError as err:
             raise self._error(err, "the snapshot") from err
         return snapshot

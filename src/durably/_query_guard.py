@@ -1,0 +1,176 @@
+"""A workflow runner that never answers a query ahead of the workflow task it would overtake.
+
+The failure it prevents (the "query race", `docs/design.md`): a query sent while
+a run is idle reaches the server's matching service as a *legacy query task*. If
+a worker that does not hold the run in its cache (it just started, or evicted the
+run) takes that query after new events were written (a tool's heartbeat timed out,
+a timer fired), Temporal's Core SDK rebuilds the run from the full history and
+applies those new events, the start of a workflow task that has not started yet,
+in an activation of their own, answers the query, and keeps the activation's
+commands for the task. That task then arrives with only what came after (an
+update, a signal), which workflow code handles in an activation of its own. On
+replay the whole task is one activation, where updates and signals run first
+(updates without their validator): an update accepted that way becomes the
+task's first command, a signal sees the run before the events it came after,
+and the history no longer replays. The run fails every workflow task from then
+on (`TMPRL1100`), for good.
+
+The guard notices the early activation (a live activation whose timestamp did
+not move: Core stamps an activation with the start of the workflow task it
+belongs to, and one applied for a query has no task of its own) and refuses the
+legacy query that follows it. A refused legacy query makes Core evict the run
+with the early activation's commands unsent, so the next workflow task replays
+the whole history and applies its events together, exactly as any later replay
+will. The query fails once with `REFUSED` in its message; durably's client asks
+again. Only the activation's bookkeeping is read; what runs inside it is the
+wrapped runner's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from temporalio import workflow
+from temporalio.api.errordetails.v1 import QueryFailedFailure
+from temporalio.bridge.proto.workflow_activation import (
+    WorkflowActivation,
+    WorkflowActivationJob,
+)
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.client import WorkflowHandle, WorkflowQueryFailedError
+from temporalio.converter import SerializationContext, StorageDriverStoreContext
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
+
+if TYPE_CHECKING:
+    from temporalio.worker._command_aware_visitor import CommandInfo
+
+__all__ = ["REFUSED", "QueryGuardRunner", "ask"]
+
+T = TypeVar("T")
+# What a refused query's failure message starts with (durably's client asks again).
+REFUSED = "durably refused this query for a moment"
+# Its failure's type, which a payload codec leaves readable when it encodes the message.
+_REFUSED_TYPE = "DurablyQueryRefused"
+# The id Temporal gives a query delivered as a task of its own.
+_LEGACY_QUERY_ID = "legacy_query"
+_MESSAGE = (
+    f"{REFUSED}: this worker had to apply events of the run's next workflow task before "
+    "that task started, which Temporal replays differently (see durably's design notes, "
+    "'The query race'); it has let go of the run. Ask again: the answer comes once the "
+    "task has run."
+)
+
+
+class QueryGuardRunner(WorkflowRunner):
+    """Wraps a runner so that its instances refuse queries that would overtake a task."""
+
+    def __init__(self, inner: WorkflowRunner) -> None:
+        self.inner = inner
+
+    def prepare_workflow(self, defn: workflow._Definition) -> None:
+        self.inner.prepare_workflow(defn)
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        return _GuardedInstance(self.inner.create_instance(det))
+
+    def set_worker_level_failure_exception_types(
+        self, types: Sequence[type[BaseException]]
+    ) -> None:
+        self.inner.set_worker_level_failure_exception_types(types)
+
+
+class _GuardedInstance(WorkflowInstance):
+    def __init__(self, inner: WorkflowInstance) -> None:
+        self.inner = inner
+        self._stamp: int | None = None  # the previous activation's timestamp
+        self._early = False  # that activation applied events outside a task of their own
+
+    def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
+        kinds = [job.WhichOneof("variant") for job in act.jobs]
+        if kinds and all(kind == "query_workflow" for kind in kinds):
+            if self._early and any(
+                job.query_workflow.query_id == _LEGACY_QUERY_ID for job in act.jobs
+            ):
+                return _refused(act)
+            return self.inner.activate(act)
+        if "remove_from_cache" not in kinds:
+            stamp = act.timestamp.ToNanoseconds()
+            # A local activity resolves within its own task, under its task's timestamp.
+            if any(not _local_resolution(job) for job in act.jobs) and not act.is_replaying:
+                self._early = stamp == self._stamp
+            elif stamp != self._stamp:
+                self._early = False
+            self._stamp = stamp
+        return self.inner.activate(act)
+
+    def get_serialization_context(
+        self, command_info: CommandInfo | None
+    ) -> SerializationContext | None:
+        return self.inner.get_serialization_context(command_info)
+
+    def get_external_store_context(
+        self, command_info: CommandInfo | None
+    ) -> StorageDriverStoreContext:
+        return self.inner.get_external_store_context(command_info)
+
+    def get_info(self) -> workflow.Info:
+        return self.inner.get_info()
+
+    def get_thread_id(self) -> int | None:
+        return self.inner.get_thread_id()
+
+
+def _local_resolution(job: WorkflowActivationJob) -> bool:
+    return job.WhichOneof("variant") == "resolve_activity" and job.resolve_activity.is_local
+
+
+def _refused(act: WorkflowActivation) -> WorkflowActivationCompletion:
+    """A failed completion: Core fails the legacy query and evicts the run."""
+    completion = WorkflowActivationCompletion(run_id=act.run_id)
+    completion.failed.failure.message = _MESSAGE
+    completion.failed.failure.application_failure_info.type = _REFUSED_TYPE
+    return completion
+
+
+async def ask(
+    handle: WorkflowHandle[Any, Any],
+    query: str,
+    *args: Any,
+    result_type: type[T],
+    rpc_timeout: timedelta | None = None,
+    within: timedelta = timedelta(seconds=30),
+) -> T:
+    """A query of durably's, asked again while a worker's guard refuses it.
+
+    A refusal lasts until the run's next workflow task has run: the dead worker's
+    sticky queue lets go of it within `durably.worker.STICKY_TIMEOUT`.
+    """
+    delay = 0.05
+    deadline = asyncio.get_running_loop().time() + within.total_seconds()
+    while True:
+        try:
+            answer: T = await handle.query(
+                query, args=args, result_type=result_type, rpc_timeout=rpc_timeout
+            )
+            return answer
+        except WorkflowQueryFailedError as err:
+            if not refused(err) or asyncio.get_running_loop().time() >= deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def refused(err: WorkflowQueryFailedError) -> bool:
+    """Whether a worker's guard refused the query (ask again), encrypted or not."""
+    if REFUSED in err.message:
+        return True
+    cause = err.__context__
+    details = getattr(getattr(cause, "grpc_status", None), "details", ())
+    for detail in details:
+        failed = QueryFailedFailure()
+        if detail.Unpack(failed) and failed.HasField("failure"):
+            return failed.failure.application_failure_info.type == _REFUSED_TYPE
+    return False
