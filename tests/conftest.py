@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -78,17 +79,47 @@ def asker() -> AgentRegistration:
     return AgentRegistration(agent, version="1")
 
 
+# A second namespace of the session's dev server, for tests that read the server's
+# metrics of one namespace alone (`server_metric`).
+QUIET_NAMESPACE = "quiet"
+_METRICS_PORT: list[int] = []
+
+
 @pytest.fixture(scope="session")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
+    _METRICS_PORT[:] = free_ports(1)
     async with await WorkflowEnvironment.start_local(
         dev_server_existing_path=binary("temporal"),
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_extra_args=[
             "--dynamic-config-value",
             "history.transferProcessorMaxPollRPS=1000",
+            "--namespace",
+            QUIET_NAMESPACE,
+            "--metrics-port",
+            str(_METRICS_PORT[0]),
         ],
     ) as env:
         yield env
+
+
+async def server_metric(name: str, **labels: str) -> float:
+    """The session's dev server's counter `name` summed over the series with `labels`
+    (Prometheus text, from its `--metrics-port`)."""
+
+    def read() -> str:
+        url = f"http://127.0.0.1:{_METRICS_PORT[0]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+
+    total = 0.0
+    for line in (await asyncio.to_thread(read)).splitlines():
+        series, _, value = line.rpartition(" ")
+        if not series.startswith(name + "{"):
+            continue
+        if all(f'{key}="{want}"' in series for key, want in labels.items()):
+            total += float(value)
+    return total
 
 
 @pytest.fixture
@@ -135,8 +166,9 @@ async def runtimes(client: DurableClient) -> AsyncIterator[Runtimes]:
 
 HISTORIES = Path(__file__).parent / "histories"
 # Histories are recorded into the folder of the newest workflow patch (0.1.0
-# before any): each patch's folder shows runs that took its new branches.
-RECORDING = HISTORIES / (PATCHES[-1] if PATCHES else "0.1.0")
+# before any), or of the patch `DURABLY_RECORD_INTO` names: each patch's folder
+# shows runs that took its new branches.
+RECORDING = HISTORIES / os.environ.get("DURABLY_RECORD_INTO", PATCHES[-1] if PATCHES else "0.1.0")
 
 
 async def record_history(

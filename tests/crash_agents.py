@@ -102,8 +102,19 @@ async def quick(args: Ticket, ctx: ToolContext) -> TicketId:
     return TicketId(ticket_id="quick-1")
 
 
-def scripted(agent_id: str, tool_name: str, *, hang_final_once: bool = False) -> FunctionModel:
-    """Call `tool_name` once, then answer with the tool's result."""
+def _journaled(**match: object) -> int:
+    """How many journal entries match (across processes)."""
+    with open(os.environ["DURABLY_TEST_JOURNAL"], encoding="utf-8") as f:
+        entries = [json.loads(line) for line in f]
+    return sum(all(e.get(k) == v for k, v in match.items()) for e in entries)
+
+
+def scripted(
+    agent_id: str, tool_name: str, *, hang_final_once: bool = False, hang_first_final: bool = False
+) -> FunctionModel:
+    """Call `tool_name` once, then answer with the tool's result (`hang_final_once`: the
+    answer's first attempt hangs; `hang_first_final`: the first answer ever journaled
+    hangs, whichever activity asks for it)."""
 
     def model(request: ModelRequest) -> AssistantMessage:
         turn = 1 + sum(isinstance(m, AssistantMessage) for m in request.messages)
@@ -117,6 +128,9 @@ def scripted(agent_id: str, tool_name: str, *, hang_final_once: bool = False) ->
     async def hanging(request: ModelRequest) -> AssistantMessage:
         answer = model(request)
         if hang_final_once and answer.content is not None and activity.info().attempt == 1:
+            await hang_until_killed()
+        first = _journaled(kind="model", agent=agent_id, turn=2) == 1
+        if hang_first_final and answer.content is not None and first:
             await hang_until_killed()
         return answer
 
@@ -276,6 +290,8 @@ registrations = [
     _delegator(),
     _fan_out(),
     _agent("manual", "manual_hang", "manual"),
+    # Its final answer hangs on the first attempt: the run stays open until a worker dies.
+    _agent("manual-slow-answer", "manual_hang", "manual", hang_first_final=True),
     _agent("safe", "safe_hang_once", "safe"),
     _agent("idempotent", "idempotent_effect", "idempotent"),
     _agent("commit-window", "quick", "manual", hang_final_once=True),

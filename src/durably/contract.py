@@ -44,6 +44,7 @@ __all__ = [
     "ACTIVITY_RUN_TRANSCRIPT",
     "ACTIVITY_TOOL",
     "ACTIVITY_VERIFY_APPROVAL",
+    "ACTIVITY_VERIFY_REPAIR",
     "CONTROL_CHARACTERS",
     "DEFAULT_TASK_QUEUE",
     "EVENTS_RETAINED",
@@ -89,6 +90,7 @@ __all__ = [
     "MessageRef",
     "ModelCallInput",
     "ModelCallResult",
+    "OperationFate",
     "OperationKey",
     "OtherAttention",
     "ParkedCall",
@@ -97,6 +99,10 @@ __all__ = [
     "RaiseLimitsAccepted",
     "RaiseLimitsRequest",
     "Recovery",
+    "RepairCheck",
+    "RepairPlan",
+    "RepairReport",
+    "RepairRequest",
     "RerunResolution",
     "Resolution",
     "ResolveToolAccepted",
@@ -154,6 +160,7 @@ ACTIVITY_TOOL = "durably.tool_call"
 ACTIVITY_RESTORE = "durably.restore_transcript"
 ACTIVITY_VERIFY_APPROVAL = "durably.verify_approval"
 ACTIVITY_RUN_TRANSCRIPT = "durably.run_transcript"
+ACTIVITY_VERIFY_REPAIR = "durably.verify_repair"
 
 
 class SessionHandler(StrEnum):
@@ -185,6 +192,9 @@ class Handler(StrEnum):
     RESPOND_SIGNAL = "respond_signal"
     # From a run's session: a later submission went ahead of this failed run, which ends.
     SESSION_ADVANCED = "session_advanced"
+    # From `durably repair` (RepairRequest): the run was reset past a workflow task that
+    # does not replay; it learns what became of the operations the reset discarded.
+    REPAIR = "repair"
 
 
 RESPOND_SIGNAL = Handler.RESPOND_SIGNAL.value  # 0.1.0's name for it; prefer `Handler`
@@ -251,6 +261,8 @@ class EventType(StrEnum):
     SIGNAL_REJECTED = "signal_rejected"
     RUN_COMPLETED = "run_completed"
     RUN_CANCELLED = "run_cancelled"
+    # `durably repair` reset the run; the detail names who, why, and each operation's fate.
+    REPAIRED = "repaired"
     # Live events only (`RunHandle.events`), never kept in the snapshot: an operation
     # began, or the run continued as new (the stream goes on in the next run).
     # A subagent call started its child run (detail: the child's run id).
@@ -766,6 +778,62 @@ class RetryAccepted(_Model):
     previous_status: RunStatus
 
 
+class RepairRequest(_Model):
+    """`repair` signal input: who repairs the run and why (self-declared, for the audit)."""
+
+    responder: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+
+
+class RepairCheck(_Model):
+    """What the worker reads to learn what a reset discarded (`verify_repair`)."""
+
+    workflow_id: str
+    run_id: str
+
+
+class OperationFate(_Model):
+    """What became of an operation a reset discarded from the run's history.
+
+    `completed`: its activity returned `result` (a tool's `ToolResultMessage`, a
+    model's `ModelCallResult`), which the repaired run commits instead of running it
+    again. `uncertain`: it started and its outcome is unknown (it timed out, failed
+    or was still running), so a manual call parks as after a crash, and any other
+    operation runs again under its unchanged operation id. `not_started`: it was
+    scheduled and never began; it runs.
+    """
+
+    operation: str
+    activity: str
+    outcome: Literal["completed", "uncertain", "not_started"]
+    result: dict[str, Any] | None = None
+    detail: str = ""
+
+
+class RepairPlan(_Model):
+    """The worker's account of a reset (`verify_repair`), read from the server: the run
+    this one was reset from, the last event it kept, and the fate of each operation
+    scheduled after it. `refused` says why there is nothing to apply."""
+
+    base_run_id: str | None = None
+    kept_through: int = 0
+    reason: str = ""
+    fates: list[OperationFate] = Field(default_factory=list)
+    refused: str | None = None
+
+
+class RepairReport(_Model):
+    """What `RunHandle.repair` did: the first task that did not replay, the new run the
+    reset made, and what the repaired run will do with each discarded operation."""
+
+    run_id: str
+    previous_run_id: str
+    new_run_id: str
+    reset_to_event: int
+    replay_failure: str
+    fates: list[OperationFate] = Field(default_factory=list)
+
+
 class Interaction(_Model):
     """What a waiting run asks a person: approve a tool call, or answer a question.
 
@@ -1232,6 +1300,9 @@ class RunState(_Model):
     limits: UsageLimits | None = None
     max_turns: int | None = None
     started_at: datetime | None = None
+    # After `durably repair`: what became of the operations the reset discarded, by
+    # operation, until the run reaches each (SPEC section 22).
+    fates: dict[str, OperationFate] = Field(default_factory=dict)
 
     @model_serializer(mode="wrap")
     def _old_usage(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from durably._query_guard import ask
+from durably._repair import fates_after, reset_of
 from durably._transcript import (
     EMPTY_DIGEST,
     TranscriptCache,
@@ -44,6 +45,7 @@ from durably.contract import (
     ACTIVITY_RUN_TRANSCRIPT,
     ACTIVITY_TOOL,
     ACTIVITY_VERIFY_APPROVAL,
+    ACTIVITY_VERIFY_REPAIR,
     PIN_DIGEST_PREFIX,
     AgentPin,
     ErrorType,
@@ -52,6 +54,8 @@ from durably.contract import (
     ModelCallInput,
     ModelCallResult,
     PinRequest,
+    RepairCheck,
+    RepairPlan,
     RunTranscriptRequest,
     ToolCallInput,
     TranscriptPage,
@@ -155,6 +159,7 @@ class AgentActivities:
             self.restore_transcript,
             self.run_transcript,
             self.verify_approval,
+            self.verify_repair,
         ]
 
     # -- registration -------------------------------------------------------
@@ -411,6 +416,34 @@ class AgentActivities:
         )
         self.cache.put_output(run_id, call.key, result)
         return LeanToolResult.of(result)
+
+    # -- repair ---------------------------------------------------------------
+
+    @activity.defn(name=ACTIVITY_VERIFY_REPAIR)
+    async def verify_repair(self, check: RepairCheck) -> RepairPlan:
+        """What the reset that made this run discarded, read from the server, never from
+        whoever signalled: a `repair` signal to a run that was not reset changes nothing.
+
+        A local activity of the repaired run's first task, so the run learns every
+        operation's fate before it schedules anything.
+        """
+        client = activity.client()
+        own = client.get_workflow_handle(check.workflow_id, run_id=check.run_id)
+        reset = reset_of((await own.fetch_history()).events, check.run_id)
+        if reset is None:
+            return RepairPlan(
+                refused="this run was not reset (`durably repair RUN` resets a run whose "
+                "history does not replay, then tells it what the reset discarded)"
+            )
+        failed = reset.workflow_task_failed_event_attributes
+        base = client.get_workflow_handle(check.workflow_id, run_id=failed.base_run_id)
+        events = (await base.fetch_history()).events
+        return RepairPlan(
+            base_run_id=failed.base_run_id,
+            kept_through=failed.started_event_id,
+            reason=failed.failure.message[:1_000],
+            fates=await fates_after(events, failed.started_event_id, client.data_converter),
+        )
 
     # -- approvals ----------------------------------------------------------
 

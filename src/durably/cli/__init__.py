@@ -23,6 +23,7 @@
     durably resolve RUN OP --json V      supply an interrupted tool call's real result
     durably retry RUN                    run a failed run's failed operation again
     durably raise-limits RUN NAME=VALUE  raise a run's usage limits (budget_exceeded)
+    durably repair RUN --as NAME         bring back a run whose history does not replay
     durably mcp lock MODULE[:ATTR]       write MCP toolsets' lock files from their servers
     durably tools MODULE:ATTR            each registered tool's recovery policy and approval
     durably cancel RUN                   cancel a run and wait until it has closed
@@ -100,6 +101,7 @@ app.command()(_operate.cancel)
 app.command()(_operate.resolve)
 app.command()(_operate.retry)
 app.command(name="raise-limits")(_operate.raise_limits)
+app.command()(_operate.repair)
 app.command()(_operate.approve)
 app.command()(_operate.deny)
 app.command()(_operate.answer)

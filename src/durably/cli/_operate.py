@@ -1,5 +1,5 @@
 """Commands that change runs: `start`, `cancel`, `resolve`, `retry`, `raise-limits`,
-`approve`, `deny` and `answer`.
+`repair`, `approve`, `deny` and `answer`.
 
 An approval or denial is bound to the call it was read with: it carries that
 call's `args_digest` (or the `--digest` the operator reviewed), so a run id
@@ -307,6 +307,43 @@ async def retry(run_id: RunId, *, conn: Connection) -> None:
     accepted = await (await conn.get_run(run_id)).retry()
     what = accepted.operation or "the run"
     console.print(safe(f"Retrying {what} of run {run_id} (was {accepted.previous_status.value})."))
+
+
+@command
+async def repair(
+    run_id: RunId,
+    responder: Annotated[
+        str | None, typer.Option("--as", help="Who repairs it (recorded in the run's events).")
+    ] = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="Why (recorded with the reset).")
+    ] = None,
+    *,
+    conn: Connection,
+) -> None:
+    """Bring back a run whose history no longer replays (its workflow tasks fail, TMPRL1100).
+
+    Resets it to the first workflow task that does not replay; before the new run
+    schedules anything it learns what became of each operation the reset discarded
+    (kept, parked as after a crash, or run again under the same operation id).
+    """
+    report = await (await conn.get_run(run_id)).repair(responder=responder, reason=reason)
+    console.print(
+        safe(
+            f"Repaired run {run_id}: reset to the workflow task at event {report.reset_to_event} "
+            f"(the first that does not replay); it goes on as Temporal run {report.new_run_id}."
+        )
+    )
+    console.print(safe(f"  replay failure: {clip(report.replay_failure, 300)}"))
+    for fate in report.fates:
+        then = {
+            "completed": "its result is kept",
+            "not_started": "it runs",
+            "uncertain": "a manual call parks in needs_attention; any other runs again",
+        }[fate.outcome]
+        console.print(safe(f"  {fate.operation}: {fate.detail}; {then}"))
+    if not report.fates:
+        console.print("  No operation was scheduled after that point.")
 
 
 @command

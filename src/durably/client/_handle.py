@@ -38,6 +38,7 @@ from durably._query_guard import ask
 from durably._text import printable
 from durably.approvals import ApprovalKeys
 from durably.client._live import follow
+from durably.client._repair import repair_run
 from durably.contract import (
     ACTIVITY_MODEL,
     MAX_NAME_CHARS,
@@ -55,6 +56,8 @@ from durably.contract import (
     LiveItem,
     RaiseLimitsAccepted,
     RaiseLimitsRequest,
+    RepairReport,
+    RepairRequest,
     RerunResolution,
     ResolveToolAccepted,
     ResolveToolRequest,
@@ -650,6 +653,26 @@ class RunHandle:
         """
         accepted: RetryAccepted = await self._update(Handler.RETRY, RetryRequest(), RetryAccepted)
         return accepted
+
+    async def repair(
+        self, *, responder: str | None = None, reason: str | None = None
+    ) -> RepairReport:
+        """Bring back a wedged run: one whose history no longer replays, so every workflow
+        task fails (TMPRL1100) whichever worker takes it.
+
+        The run is reset to its first workflow task that does not replay. The new
+        run keeps every committed result from before that point and, before it
+        schedules anything, learns what became of each operation the reset
+        discarded: a result that committed is kept, a manual call that started
+        (or may have) parks in `needs_attention` as after a crash, and any other
+        operation runs again under its unchanged `operation_id`. `responder` and
+        `reason` are recorded in the run's events and the reset's reason. Raises
+        `DurableConflictError` for a run that replays (nothing to repair).
+
+        .. versionadded:: Unreleased
+        """
+        request = _request(RepairRequest, responder=responder, reason=reason)
+        return await repair_run(self._client, self.run_id, request, what=f"run {self.run_id!r}")
 
     async def _update(
         self, name: str, arg: BaseModel, result_type: type[Any], *, update_id: str | None = None

@@ -28,11 +28,14 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_RUN_TRANSCRIPT,
         ACTIVITY_TOOL,
         ACTIVITY_VERIFY_APPROVAL,
+        ACTIVITY_VERIFY_REPAIR,
         AgentPin,
         ModelCallInput,
         ModelCallResult,
         OperationKey,
         PinRequest,
+        RepairCheck,
+        RepairPlan,
         RetrySpec,
         RunTranscriptRequest,
         ToolCallInput,
@@ -54,6 +57,7 @@ __all__ = [
     "restore_page",
     "tool_call",
     "verify_approval",
+    "verify_repair",
 ]
 
 R = TypeVar("R")
@@ -190,6 +194,20 @@ async def verify_approval(request: VerifyApprovalRequest) -> str:
         summary=f"verify approval {request.interaction_id}",
     )
     return problem
+
+
+async def verify_repair(check: RepairCheck) -> RepairPlan:
+    """What the reset that made this run discarded (see `durably._repair`), read by the
+    worker from the server: the run's first task after a reset waits for it."""
+    plan: RepairPlan = await workflow.execute_local_activity(
+        ACTIVITY_VERIFY_REPAIR,
+        check,
+        result_type=RepairPlan,
+        start_to_close_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(maximum_attempts=5),
+        summary="read what the repair's reset discarded",
+    )
+    return plan
 
 
 async def _execute(

@@ -68,10 +68,13 @@ from durably.contract import (
     MessageRef,
     ModelCallInput,
     ModelCallResult,
+    OperationFate,
     OperationKey,
     ParkedCall,
     RaiseLimitsAccepted,
     RaiseLimitsRequest,
+    RepairPlan,
+    RepairRequest,
     RerunResolution,
     ResolveToolRequest,
     RespondAccepted,
@@ -152,6 +155,7 @@ _AUDIT_KINDS: dict[str, str] = {
     EventType.RETRIED: "retry",
     EventType.LIMITS_RAISED: "limits",
     EventType.RUN_CANCELLED: "cancel",
+    EventType.REPAIRED: "repair",
 }
 # Events that repeat in a row become one entry with a count.
 _COALESCED = {EventType.RESPONSE_REJECTED, EventType.SIGNAL_REJECTED}
@@ -240,6 +244,8 @@ class RunMachine:
         # them (a hardened acceptance keeps only a digest of them).
         self._texts: dict[str, tuple[str | None, str | None]] = {}
         self._pin_digest: str | None = None
+        # The turn whose model request is out, if one is (see `keeps`).
+        self.requesting: int | None = None
         if parallel:
             self._adopt_singular()
 
@@ -955,7 +961,43 @@ class RunMachine:
         s.status, s.error, s.retryable = RunStatus.FAILED, problem, False
         self.event(EventType.RUN_FAILED, detail=problem)
 
+    # -- repair (SPEC section 22) -------------------------------------------------------
+
+    def repaired(self, plan: RepairPlan, request: RepairRequest) -> None:
+        """The run was reset by `durably repair`: keep the fate of each operation the reset
+        discarded until the run reaches it, and say who repaired it, why, and what
+        becomes of each (or why a `repair` signal changed nothing)."""
+        who = f" by {request.responder}" if request.responder else ""
+        if plan.refused is not None:
+            self.event(EventType.SIGNAL_REJECTED, detail=f"repair{who}: {plan.refused}")
+            return
+        for fate in plan.fates:
+            self.s.fates[fate.operation] = fate
+        why = f" ({request.reason})" if request.reason else ""
+        fates = "; ".join(f"{f.operation}: {f.detail}" for f in plan.fates)
+        self.event(
+            EventType.REPAIRED,
+            detail=f"repaired{who}{why}: reset from run {plan.base_run_id} after event "
+            f"{plan.kept_through}; " + (fates or "no operation was discarded"),
+        )
+
+    def take_fate(self, key: OperationKey) -> OperationFate | None:
+        """What became of `key` before a repair's reset, once: the run acts on it now."""
+        return self.s.fates.pop(str(key), None)
+
     # -- requests from outside -------------------------------------------------------
+
+    def answer_pending(self) -> bool:
+        """Whether a response arriving by signal waits for the model's answer now out.
+
+        On replay, the signals of a workflow task are applied before its other events,
+        so a response can come before the model answer that asks for it, although the
+        run asked first when it ran. While a model request is out no interaction is
+        pending (the turn's calls all have their results), so a response then waits
+        for the answer: it is taken, or refused with the same words, in either order.
+        """
+        turn = self.requesting
+        return turn is not None and turn > self.s.turns
 
     def check_response(
         self, request: RespondRequest

@@ -92,6 +92,9 @@ with workflow.unsafe.imports_passed_through():
         PinRequest,
         RaiseLimitsAccepted,
         RaiseLimitsRequest,
+        RepairCheck,
+        RepairPlan,
+        RepairRequest,
         ResolveToolAccepted,
         ResolveToolRequest,
         RespondAccepted,
@@ -126,6 +129,7 @@ with workflow.unsafe.imports_passed_through():
         restore_page,
         tool_call,
         verify_approval,
+        verify_repair,
     )
     from durably.workflows._continuation import carried
     from durably.workflows._handler_input import decode_signal, refusals
@@ -157,7 +161,9 @@ __all__ = [
     "PATCH_HARDENED",
     "PATCH_LIMITS",
     "PATCH_PARALLEL_TOOLS",
+    "PATCH_REPAIR",
     "PATCH_SEED_FIDELITY",
+    "PATCH_SIGNALS_COMMUTE",
     "PATCH_SUBAGENTS",
     "AgentRunWorkflow",
 ]
@@ -187,6 +193,19 @@ PATCH_SUBAGENTS = "durably-subagents"
 # only where a limit would change what the run does (`RunMachine`'s `limits_apply`), so
 # runs that never reach one record no marker for it.
 PATCH_LIMITS = "durably-limits"
+# What changed next (SPEC section 22): a signal is applied after the other jobs of its
+# activation, and a response that comes while the model request is out (or a subagent's
+# note while its child is being started) waits for that answer (or start) instead of being
+# refused. On replay a workflow task's signals come first; live, a worker that answered a
+# query first may have applied the task's other events early, and the signal then comes
+# alone: both orders now give the same commands (`docs/design.md`, "The query race").
+PATCH_SIGNALS_COMMUTE = "durably-signals-commute"
+# What changed next (SPEC section 22): a run reset by `durably repair` reads what the reset
+# discarded before it schedules anything, and acts on each operation's fate. Checked when a
+# `repair` signal arrives, so runs never repaired record no marker; a worker of an older
+# release cannot go past it (its replay fails on the marker), so it never runs a discarded
+# manual call again.
+PATCH_REPAIR = "durably-repair"
 # Every patch since 0.1.0, oldest first.
 PATCHES: tuple[str, ...] = (
     PATCH_HARDENED,
@@ -194,6 +213,8 @@ PATCHES: tuple[str, ...] = (
     PATCH_PARALLEL_TOOLS,
     PATCH_SUBAGENTS,
     PATCH_LIMITS,
+    PATCH_SIGNALS_COMMUTE,
+    PATCH_REPAIR,
 )
 
 T = TypeVar("T")
@@ -215,6 +236,7 @@ class AgentRunWorkflow:
         self._hardened = workflow.patched(PATCH_HARDENED)
         self._seed_fidelity = workflow.patched(PATCH_SEED_FIDELITY)
         self._parallel = workflow.patched(PATCH_PARALLEL_TOOLS)
+        self._commute = workflow.patched(PATCH_SIGNALS_COMMUTE)
         self._limits_on: bool | None = None  # see `_limits_apply`
         state, self._input_problem = initial_state(
             payload, info, hardened=self._hardened, limits_apply=self._limits_apply
@@ -237,7 +259,8 @@ class AgentRunWorkflow:
         # parent (a subagent's run).
         self._children: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
         self._told_parent: tuple[str, str | None] | None = None
-        self._starting: set[str] = set()  # subagent calls whose child start is in flight
+        # Subagent calls whose child start is in flight, and the child's run id.
+        self._starting: dict[str, str] = {}
         # The tool activities of the turn now running (parallel patch), by key: the run
         # never continues as new over one (its result would be lost, a manual call
         # run twice), and its current details name them.
@@ -257,6 +280,8 @@ class AgentRunWorkflow:
         self._reported_failed = False
         self._notes: list[asyncio.Task[None]] = []
         self._advanced = False
+        # `repair` signals whose worker check is out: no operation starts meanwhile.
+        self._repairing = 0
 
     @workflow.run
     @one_raw_argument
@@ -408,11 +433,11 @@ class AgentRunWorkflow:
                 f"Starting subagent {md_code(target.agent_id)} for {md_code(str(key))}"
             )
             m.used(Usage(tool_calls=1))
-            self._starting.add(str(key))  # no continue-as-new until its start is known
+            self._starting[str(key)] = child_id  # no continue-as-new until its start is known
             try:
                 handle = await self._start_child(key, call, target, child_id)
             finally:
-                self._starting.discard(str(key))
+                self._starting.pop(str(key), None)
             self._children[str(key)] = handle
             if str(key) not in m.s.children:  # a run continued as new has it already
                 m.child_started(key, child_id)
@@ -501,14 +526,18 @@ class AgentRunWorkflow:
         except Exception:  # it ended meanwhile
             workflow.logger.info("the subagent's run had ended already")
 
-    def _child_status(self, payload: Sequence[RawValue]) -> None:
-        """A child run said its status changed (`child_status` signal)."""
+    async def _child_status(self, payload: Sequence[RawValue]) -> None:
+        """A child run said its status changed (`child_status` signal). A note that came
+        with its child's start waits for that start to be known (signals-commute patch):
+        on replay the note is applied first."""
         try:
             args = tuple(decode_signal(raw) for raw in payload)
             note = parse_request(ChildStatusNote, args, Handler.CHILD_STATUS)
         except Rejected as err:
             self._m.event(EventType.SIGNAL_REJECTED, detail=f"{err.kind}: {err.message}")
             return
+        if self._commute and note.run_id in self._starting.values():
+            await workflow.wait_condition(lambda: note.run_id not in self._starting.values())
         if self._m.child_noted(note) is None:
             self._m.event(
                 EventType.SIGNAL_REJECTED,
@@ -549,6 +578,10 @@ class AgentRunWorkflow:
         the run schedules each attempt itself and waits out the backoff visibly."""
         m = self._m
         request = m.model_input(step)
+        fate = m.take_fate(step.key)
+        if fate is not None and fate.outcome == "completed" and fate.result is not None:
+            m.sent()  # it answered before `durably repair` reset the run: keep the answer
+            return ModelCallResult.model_validate(fate.result)
         retry = m.pin.model_retry if self._seed_fidelity else None
         if m.s.status == RunStatus.RETRY_WAIT:  # continued as new while waiting to retry
             request = request.model_copy(update={"attempt": m.s.attempt})
@@ -558,6 +591,7 @@ class AgentRunWorkflow:
                 f"Waiting for the model (turn {step.turn} of {m.turn_budget()})"
             )
             self._live_only(EventType.MODEL_STARTED, step.key, f"attempt {request.attempt or 1}")
+            m.requesting = step.turn  # responses for its answer's calls may come first
             try:
                 result = await model_request(
                     m.pin,
@@ -577,10 +611,13 @@ class AgentRunWorkflow:
                 if delay is None:
                     raise
                 request = request.model_copy(update={"attempt": attempt + 1})
+                m.requesting = None
                 await self._retry_wait(step.key, describe(err), attempt + 1, delay)
             else:
                 m.sent()
                 return result
+            finally:
+                m.requesting = None
 
     async def _retry_wait(
         self, key: OperationKey, error: str, attempt: int, delay: timedelta
@@ -619,6 +656,18 @@ class AgentRunWorkflow:
         self, key: OperationKey, call: ToolCall, gate: asyncio.Semaphore | None = None
     ) -> tuple[ToolResultMessage, bool]:
         m = self._m
+        fate = m.take_fate(key)
+        if fate is not None and fate.outcome == "completed" and fate.result is not None:
+            m.used(Usage(tool_calls=1))
+            return ToolResultMessage.model_validate(fate.result), False  # it ran: keep it
+        manual = m.pin.tools[call.name].recovery == "manual"
+        if fate is not None and fate.outcome == "uncertain" and manual:  # as after a crash
+            raise ApplicationError(
+                f"{key} ran before `durably repair` reset this run, and {fate.detail}: "
+                "its outcome is unknown. Check the external system, then resolve it",
+                type=ErrorType.TOOL_CRASHED.value,
+                non_retryable=True,
+            )
         m.used(Usage(tool_calls=1))
         if not self._parallel:
             workflow.set_current_details(
@@ -655,6 +704,8 @@ class AgentRunWorkflow:
         """
         m = self._m
         while True:
+            if self._repairing:  # a repaired run first learns what its reset discarded
+                await workflow.wait_condition(lambda: not self._repairing)
             if m.parked_on(key):
                 decision = await self._until_decided(key)
             elif (over := self._over_budget(key)) is not None:
@@ -793,6 +844,7 @@ class AgentRunWorkflow:
             and not self._running
             and not self._m.s.children
             and not self._starting
+            and not self._repairing
             and self._m.s.archive is None
             and self._history_nearly_full()
         )
@@ -945,11 +997,20 @@ class AgentRunWorkflow:
         one with an unknown name forever, both invisible to the operator
         who sent it.
         """
+        if name == Handler.REPAIR:  # before any other job of its task: see `_repair`
+            await self._repair(payload)
+            return
+        if self._commute:
+            # After the other jobs of its activation, as when a worker applied those early
+            # and this signal came alone (see `PATCH_SIGNALS_COMMUTE`).
+            await workflow.wait_condition(lambda: True)
         if name == Handler.SESSION_ADVANCED and self._in_failed_session_run():
             self._advanced = True
             return
-        if name == Handler.CHILD_STATUS and self._m.s.children:
-            self._child_status(payload)
+        if name == Handler.CHILD_STATUS and (
+            self._m.s.children or (self._commute and self._starting)
+        ):
+            await self._child_status(payload)
             return
         if name != Handler.RESPOND_SIGNAL:
             self._m.event(
@@ -964,11 +1025,46 @@ class AgentRunWorkflow:
                 batch = parse_request(
                     RespondManyRequest, ({"responses": args[0]},), Handler.RESPOND_SIGNAL
                 )
+                await self._until_answered()
                 await self._take_many(batch.responses)
             else:
-                await self._take(parse_request(RespondRequest, args, Handler.RESPOND_SIGNAL))
+                request = parse_request(RespondRequest, args, Handler.RESPOND_SIGNAL)
+                await self._until_answered()
+                await self._take(request)
         except Rejected as err:
             self._m.event(EventType.RESPONSE_REJECTED, detail=f"{err.kind}: {err.message}")
+
+    async def _repair(self, payload: Sequence[RawValue]) -> None:
+        """`durably repair` reset this run: learn each discarded operation's fate from the
+        worker (which reads it from the server, not from this signal) before any
+        operation starts. The signal was sent before the reset, so it is in the new run's
+        first task, and signals run first there."""
+        workflow.patched(PATCH_REPAIR)
+        try:
+            args = tuple(decode_signal(raw) for raw in payload)
+            request = parse_request(RepairRequest, args, Handler.REPAIR)
+        except Rejected as err:
+            self._m.event(EventType.SIGNAL_REJECTED, detail=f"{err.kind}: {err.message}")
+            return
+        self._repairing += 1
+        try:
+            info = workflow.info()
+            check = RepairCheck(workflow_id=info.workflow_id, run_id=info.run_id)
+            plan = await verify_repair(check)
+        except ActivityError as err:  # raised from a signal handler, it would fail the run
+            plan = RepairPlan(refused=f"the worker could not read the reset ({describe(err)})")
+        finally:
+            self._repairing -= 1
+        self._m.repaired(plan, request)
+        self._publish()
+
+    async def _until_answered(self) -> None:
+        """A response that came while the model request is out waits for its answer, which
+        may ask for it (see `RunMachine.answer_pending`; runs before the signals-commute
+        patch refused it)."""
+        m = self._m
+        if self._commute and m.answer_pending():
+            await workflow.wait_condition(lambda: not m.answer_pending())
 
     async def _take(self, request: RespondRequest) -> RespondAccepted:
         """Accept a response (once; a repeat returns the first acceptance), or raise why not."""

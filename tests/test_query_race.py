@@ -1,0 +1,324 @@
+"""The query race (`docs/design.md`, "The query race"), against a real dev server.
+
+A snapshot query sent while a run is idle, just after its worker was SIGKILLed
+mid-call, waits in the server's matching service. The manual tool's heartbeat
+then times out; a fresh worker takes the query, rebuilds the run from history
+and applies the timeout ahead of the workflow task it belongs to. An operator
+who reads "needs_attention" and resolves the call lands that update in the
+same task. Without durably's query guard the history no longer replays (every
+later workflow task fails for good); with it, the same steps replay.
+
+Every step waits on progress: the query's dispatch is read from the server's
+own metrics (its namespace alone), the timeout from the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory, WorkflowQueryFailedError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from durably import (
+    DurableClient,
+    DurableConflictError,
+    DurableRuntime,
+    DurablyPlugin,
+    RunHandle,
+    RunStatus,
+)
+from durably._query_guard import refused
+from durably._replay import replay, task_failures
+from durably.contract import Handler, RunSnapshot
+from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
+
+from . import crash_agents
+from .conftest import (
+    QUIET_NAMESPACE,
+    eventually,
+    record_history,
+    server_metric,
+    wait_for_status,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+# The first worker keeps the run's next task (and the query) on its sticky queue for
+# longer than the tool's heartbeat timeout, so the fresh worker is polling before either
+# reaches it, and the operator has the heartbeat timeout's length to resolve the call
+# before that task is handed over.
+_FIRST_WORKER = """
+import asyncio, sys
+from datetime import timedelta
+from durably import DurableRuntime
+from tests.crash_agents import registrations
+
+async def main() -> None:
+    runtime = await DurableRuntime.open(
+        sys.argv[1], sys.argv[2], sys.argv[3], agents=registrations,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
+    )
+    await runtime.resume()
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+class Race:
+    """One run taken through the race's steps, on its own task queue."""
+
+    def __init__(self, env: WorkflowEnvironment, tmp: Path) -> None:
+        self.target = env.client.service_client.config.target_host
+        self.task_queue = f"race-{uuid.uuid4().hex[:8]}"
+        self.journal = tmp / "journal.jsonl"
+        self.journal.touch()
+        self.client: DurableClient | None = None
+
+    async def connect(self) -> DurableClient:
+        self.client = await DurableClient.connect(self.target, QUIET_NAMESPACE, self.task_queue)
+        return self.client
+
+    def first_worker(self) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "DURABLY_TEST_JOURNAL": str(self.journal), "PYTHONPATH": str(ROOT)}
+        return subprocess.Popen(
+            [sys.executable, "-c", _FIRST_WORKER, self.target, QUIET_NAMESPACE, self.task_queue],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def journal_entries(self, **match: Any) -> list[dict[str, Any]]:
+        entries = [json.loads(line) for line in self.journal.read_text().splitlines()]
+        return [e for e in entries if all(e.get(k) == v for k, v in match.items())]
+
+    async def until_journal(self, **match: Any) -> None:
+        """Until a worker's tool or model wrote an entry matching `match`."""
+
+        async def written() -> bool:
+            return bool(self.journal_entries(**match))
+
+        await eventually(written, within=60)
+
+    async def until_in_history(self, run: RunHandle, event_type: EventType.ValueType) -> None:
+        assert self.client is not None
+        handle = self.client.temporal.get_workflow_handle(run.run_id)
+
+        async def written() -> bool:
+            return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
+
+        await eventually(written, within=60)
+
+    async def until_dispatched(self, before: float) -> None:
+        """Until the server handed the query to its matching service (a legacy query)."""
+
+        async def dispatched() -> bool:
+            return await _dispatched() > before
+
+        await eventually(dispatched, within=60)
+
+
+async def _dispatched() -> float:
+    return await server_metric(
+        "client_requests", operation="MatchingClientQueryWorkflow", namespace=QUIET_NAMESPACE
+    )
+
+
+@pytest.fixture
+async def race(
+    env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Race]:
+    monkeypatch.setenv("DURABLY_TEST_JOURNAL", str(tmp_path / "journal.jsonl"))
+    yield Race(env, tmp_path)
+
+
+def _unguarded_worker(client: DurableClient) -> Worker:
+    """A worker as durably built them before the query guard: the SDK's own runner."""
+    plugin = DurablyPlugin(crash_agents.registrations)
+    return Worker(
+        client.temporal,
+        task_queue=client.task_queue,
+        workflows=[AgentRunWorkflow, AgentSessionWorkflow],
+        activities=plugin.agent_activities.methods(),
+        unsandboxed_workflow_runner=UnsandboxedWorkflowRunner(),
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=3),
+    )
+
+
+async def _replay_failure(client: DurableClient, run: RunHandle) -> str | None:
+    """Why a fresh worker (no cache) cannot replay the run's history, if it cannot."""
+    history = await client.temporal.get_workflow_handle(run.run_id).fetch_history()
+    return await replay(history, client.temporal.data_converter)
+
+
+async def _finishes(run: RunHandle) -> None:
+    result = await asyncio.wait_for(run.result(), 60)
+    assert result.output == '{"ticket_id":"T-7"}'
+
+
+async def _race(
+    race: Race,
+    *,
+    guarded: bool,
+    agent: str = "manual",
+    then: Callable[[RunHandle], Awaitable[None]] = _finishes,
+) -> tuple[RunHandle, Exception | RunSnapshot]:
+    """The race's steps up to the operator's resolution, then `then` while the second
+    worker still runs; what the first query got back."""
+    client = await race.connect()
+    first = race.first_worker()
+    try:
+        run = await client.start_run(agent, "my vpn is down")
+        await race.until_journal(kind="tool", tool="manual_hang")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(10)
+    # The run is idle: its snapshot query goes to matching, and waits for a worker.
+    before = await _dispatched()
+    handle = client.temporal.get_workflow_handle(run.run_id)
+    query = asyncio.create_task(handle.query(Handler.SNAPSHOT, result_type=RunSnapshot))
+    await race.until_dispatched(before)
+    async with contextlib.AsyncExitStack() as stack:
+        if guarded:
+            runtime = await DurableRuntime.open(client=client, agents=crash_agents.registrations)
+            await runtime.resume()
+            stack.push_async_callback(runtime.close)
+        else:
+            worker = _unguarded_worker(client)
+            serving = asyncio.create_task(worker.run())
+            stack.push_async_callback(lambda: serving)
+            stack.push_async_callback(worker.shutdown)
+        await race.until_in_history(run, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)
+        first_answer: Exception | RunSnapshot
+        try:
+            first_answer = await query
+        except WorkflowQueryFailedError as err:
+            first_answer = err
+        # The operator resolves the call as soon as a snapshot says it is blocked (durably's
+        # client asks again while a guard refuses: the run's next task has run by then).
+        snap = first_answer if isinstance(first_answer, RunSnapshot) else await run.snapshot()
+        assert snap.status == RunStatus.NEEDS_ATTENTION, snap
+        await run.resolve_tool("tool:1:c1", {"type": "json", "value": {"ticket_id": "T-7"}})
+        await then(run)
+    return run, first_answer
+
+
+class TestQueryRace:
+    async def test_the_race_leaves_an_unreplayable_history_that_repair_brings_back(
+        self, race: Race
+    ) -> None:
+        """Without the guard, the fresh worker answers from the early timeout, and the
+        resolution it accepts in the same task cannot be replayed (the run completed, but
+        any worker that rebuilds it fails). `repair` resets it past that task: the
+        resolution is asked for again, the model's committed final answer is kept (not
+        asked again), and the manual tool ran once in all."""
+        run, first_answer = await _race(race, guarded=False)
+
+        assert isinstance(first_answer, RunSnapshot), first_answer
+        assert first_answer.status == RunStatus.NEEDS_ATTENTION
+        client = race.client
+        assert client is not None
+        failure = await _replay_failure(client, run)
+        assert failure is not None and "Nondeterminism" in failure, failure
+
+        async with await DurableRuntime.open(
+            client=client, agents=crash_agents.registrations
+        ) as runtime:
+            await runtime.resume()
+            report = await run.repair(responder="oncall", reason="the query race")
+            assert "Nondeterminism" in report.replay_failure
+            assert [(f.operation, f.outcome) for f in report.fates] == [("model:2", "completed")]
+            snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION, within=60)
+            assert snap.blocked_operation == "tool:1:c1"
+            await run.resolve_tool("tool:1:c1", {"type": "json", "value": {"ticket_id": "T-7"}})
+            await _finishes(run)
+            snap = await run.snapshot()
+
+        assert len(race.journal_entries(kind="tool", tool="manual_hang")) == 1
+        assert len(race.journal_entries(kind="model", turn=2)) == 1
+        repaired = [e for e in snap.events if e.type == "repaired"]
+        assert len(repaired) == 1 and "by oncall (the query race)" in (repaired[0].detail or "")
+        assert await _replay_failure(client, run) is None
+        await record_history(client, run.run_id, "repaired_after_the_query_race")
+
+    async def test_the_guard_refuses_that_query_once_and_the_history_replays(
+        self, race: Race
+    ) -> None:
+        """With durably's worker, the same steps: the early query is refused (the worker
+        lets go of the run), durably's client asks again, and the history replays."""
+        run, first_answer = await _race(race, guarded=True)
+
+        assert isinstance(first_answer, WorkflowQueryFailedError), first_answer
+        assert refused(first_answer), first_answer
+        assert race.client is not None
+        assert await _replay_failure(race.client, run) is None
+
+
+class TestRepair:
+    async def test_repair_brings_back_a_wedged_open_run_running_no_manual_call_twice(
+        self, race: Race
+    ) -> None:
+        """A run the race left open (its final answer hung) is wedged once a fresh worker
+        takes it: every workflow task fails (TMPRL1100). Repair resets it past the task;
+        the model request it discarded (its outcome unknown) runs again, the resolution is
+        asked for again, and the manual tool ran once in all."""
+
+        async def answering(run: RunHandle) -> None:  # the final answer's first attempt hangs
+            await race.until_journal(kind="model", turn=2, attempt=1)
+
+        run, _ = await _race(race, guarded=False, agent="manual-slow-answer", then=answering)
+        client = race.client
+        assert client is not None
+        async with await DurableRuntime.open(
+            client=client, agents=crash_agents.registrations
+        ) as runtime:
+            await runtime.resume()
+            await race.until_in_history(run, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+            failures = task_failures((await _history(client, run)).events)
+            assert set(failures) == {"NON_DETERMINISTIC_ERROR"}, failures
+
+            report = await run.repair(responder="oncall", reason="the query race")
+
+            assert [(f.operation, f.outcome) for f in report.fates] == [("model:2", "uncertain")]
+            snap = await wait_for_status(run, RunStatus.NEEDS_ATTENTION, within=60)
+            assert snap.blocked_operation == "tool:1:c1"
+            await run.resolve_tool("tool:1:c1", {"type": "json", "value": {"ticket_id": "T-7"}})
+            await _finishes(run)
+
+        assert len(race.journal_entries(kind="tool", tool="manual_hang")) == 1
+        assert await _replay_failure(client, run) is None
+        await record_history(client, run.run_id, "repaired_a_wedged_open_run")
+
+    async def test_a_run_that_replays_is_not_reset(self, race: Race) -> None:
+        """Repair refuses a healthy run, changing nothing."""
+        client = await race.connect()
+        async with await DurableRuntime.open(
+            client=client, agents=crash_agents.registrations
+        ) as runtime:
+            await runtime.resume()
+            run = await client.start_run("commit-window", "quick")
+            with pytest.raises(DurableConflictError, match="not wedged"):
+                await run.repair(responder="oncall")
+            assert (await _history(client, run)).events[-1].event_type != (
+                EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED
+            )
+
+
+async def _history(client: DurableClient, run: RunHandle) -> WorkflowHistory:
+    return await client.temporal.get_workflow_handle(run.run_id).fetch_history()
