@@ -199,6 +199,7 @@ PATCH_LIMITS = "durably-limits"
 # refused. On replay a workflow task's signals come first; live, a worker that answered a
 # query first may have applied the task's other events early, and the signal then comes
 # alone: both orders now give the same commands (`docs/design.md`, "The query race").
+# Checked when a run handles its first signal, so runs that take none record no marker.
 PATCH_SIGNALS_COMMUTE = "durably-signals-commute"
 # What changed next (SPEC section 22): a run reset by `durably repair` reads what the reset
 # discarded before it schedules anything, and acts on each operation's fate. Checked when a
@@ -236,7 +237,7 @@ class AgentRunWorkflow:
         self._hardened = workflow.patched(PATCH_HARDENED)
         self._seed_fidelity = workflow.patched(PATCH_SEED_FIDELITY)
         self._parallel = workflow.patched(PATCH_PARALLEL_TOOLS)
-        self._commute = workflow.patched(PATCH_SIGNALS_COMMUTE)
+        self._commute: bool | None = None  # see `_signals_commute`
         self._limits_on: bool | None = None  # see `_limits_apply`
         state, self._input_problem = initial_state(
             payload, info, hardened=self._hardened, limits_apply=self._limits_apply
@@ -1000,7 +1001,7 @@ class AgentRunWorkflow:
         if name == Handler.REPAIR:  # before any other job of its task: see `_repair`
             await self._repair(payload)
             return
-        if self._commute:
+        if self._signals_commute():
             # After the other jobs of its activation, as when a worker applied those early
             # and this signal came alone (see `PATCH_SIGNALS_COMMUTE`).
             await workflow.wait_condition(lambda: True)
@@ -1033,6 +1034,14 @@ class AgentRunWorkflow:
                 await self._take(request)
         except Rejected as err:
             self._m.event(EventType.RESPONSE_REJECTED, detail=f"{err.kind}: {err.message}")
+
+    def _signals_commute(self) -> bool:
+        """Whether signals are handled as `PATCH_SIGNALS_COMMUTE` says: asked when the run
+        handles its first signal (the first thing that signal's activation does, live and
+        on replay), so runs that never take one record no marker for it."""
+        if self._commute is None:
+            self._commute = workflow.patched(PATCH_SIGNALS_COMMUTE)
+        return self._commute
 
     async def _repair(self, payload: Sequence[RawValue]) -> None:
         """`durably repair` reset this run: learn each discarded operation's fate from the
