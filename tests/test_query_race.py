@@ -49,6 +49,8 @@ from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
 from . import crash_agents
 from .conftest import (
     QUIET_NAMESPACE,
+    binary,
+    cli,
     eventually,
     record_history,
     server_metric,
@@ -315,6 +317,12 @@ class TestRepair:
             run = await client.start_run("commit-window", "quick")
             with pytest.raises(DurableConflictError, match="not wedged"):
                 await run.repair(responder="oncall")
+            shown = await cli(
+                *(binary("durably"), "repair", run.run_id, "--as", "oncall"),
+                *("--target", race.target, "--namespace", QUIET_NAMESPACE),
+            )
+            assert shown.returncode == 1, shown
+            assert "not wedged, so there is nothing to repair" in " ".join(shown.stderr.split())
             assert (await _history(client, run)).events[-1].event_type != (
                 EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED
             )
