@@ -15,9 +15,12 @@ What it does:
   manual transfer, ticket and refund (approval) are journaled like any run's;
   every other `delegate` run's child finds the payee register down, fails,
   and parks its parent (`subagent_failed`);
-- a killer SIGKILLs a worker every 3-8 s (1.5-3 s with `--small`), every
-  other time one that is inside a manual call if there is one (one inside
-  several manual calls of one run first), and starts a new one; a
+- a killer SIGKILLs a worker every 3-8 s (1.5-3 s with `--small`), one that
+  connected while another did too (a kill of a worker still starting tests
+  nothing) and that is not running a model request's last attempt (durably
+  fails a run whose request crashed that often, as SPEC section 8 says),
+  every other time one that is inside a manual call if there is one (one
+  inside several manual calls of one run first), and starts a new one; a
   supervisor restarts any worker that exits by itself (and reports it);
   once about a third of the runs completed, the dev server is stopped and
   started again on the same database and port (the workers are left
@@ -38,18 +41,34 @@ What it does:
   run; a child that failed because the payee register is down (on purpose)
   gets the register fixed and `retry()`, and its parent goes on by itself.
 
+The soak ends when every run completed, or, its unfinished runs lost, once no
+run made progress for a while (a wedged run looks like that, on any machine)
+or after a generous cap. Workers keep their workflow cache (the default) and
+the operator polls snapshots by query: together they produced the query race
+(issue 26), which wedged runs for good while every outcome looked right.
+
 Afterwards it checks, against the tools' journals, the ticket service and the
 runs' histories and outputs: no run lost, no duplicate effect of the
 idempotent tool, no manual call executed twice (beyond the reruns the
-operator asked for after proving no effect), every interrupted manual call
-was resolved while its run was `needs_attention`, no denied call ran, every
-output agrees with the journal, holds a result for every call of its
-agent's script and was built from a transcript with each call's result, once,
-in the model's call order, and every run completed; and for each delegating
-run: exactly one child workflow per subagent call (listed by id prefix
-`{run}/`), completed, its output the call's result in the parent's output,
-and its usage in the parent's. It prints the counts and exits 1 on any
-violation.
+operator asked for after proving no effect: read from every execution's
+history, plus those whose confirmation never reached the operator, which may
+still have been applied), every interrupted manual call was resolved while
+its run was `needs_attention`, no denied call ran, every output agrees with
+the journal, holds a result for every call of its agent's script and was
+built from a transcript with each call's result, once, in the model's call
+order, and every run completed; and for each delegating run: exactly one
+child workflow per subagent call (listed by id prefix `{run}/`), completed,
+its output the call's result in the parent's output, and its usage in the
+parent's. Then it replays every execution the namespace holds (visibility's
+list, and every run of the chain of each workflow id the soak started or
+found), each in a fresh replayer with the client's data converter, and
+counts the workflow tasks that failed, by cause:
+
+    histories replayed: N, replay failures: 0
+    workflow task failures: 0
+
+It prints the counts and exits 1 on any violation, printing the first
+nondeterminism error and the temp directory it kept.
 
 Run: ``python benchmarks/chaos.py [--runs 300] [--workers 3] [--small] [--keep]``
 (``--small``: 60 runs, ten of each agent, at most 20 in flight, for CI; ``--no-model-retry``
@@ -63,8 +82,10 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -80,14 +101,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.api.enums.v1 import EventType, PendingActivityState, WorkflowTaskFailedCause
+from temporalio.api.failure.v1 import Failure
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
+from temporalio.converter import DataConverter
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably import DurableClient, RunHandle, RunStatus
+from durably._replay import replay, task_failures
 from durably.contract import RespondRequest, RunResult, RunSnapshot
 from durably.dev import DevServer, die_with_parent, signal_group
-from durably.errors import DurableConflictError, DurablyError
+from durably.errors import DurableConflictError, DurablyError, InvalidResponseError
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -106,16 +132,22 @@ class Size:
     in_flight: int
     kill_every: tuple[float, float]
     restart_after: float  # fraction of runs completed before the server restart
-    deadline_s: float  # for all runs to complete
+    # The soak ends, its unfinished runs lost, once no run made progress for `stall_s`
+    # (nothing completed, no tool call journaled, no decision taken), or after `cap_s`
+    # in any case. A fixed deadline failed soaks that were only slow (a loaded 2-core
+    # machine runs the small one in twice its usual time); a stall is what a wedged run
+    # looks like, whatever the machine's speed.
+    stall_s: float
+    cap_s: float
 
 
 def size_from(args: argparse.Namespace) -> Size:
     if args.small:
         runs = args.runs or 10 * len(chaos_agents.AGENT_IDS)
-        return Size(runs, args.workers, args.in_flight or 20, (1.5, 3.0), 0.3, 150.0)
+        return Size(runs, args.workers, args.in_flight or 20, (1.5, 3.0), 0.3, 90.0, 420.0)
     runs = args.runs or 300
-    deadline = max(300.0, runs * 2.0)
-    return Size(runs, args.workers, args.in_flight or 60, (3.0, 8.0), 0.3, deadline)
+    cap = max(600.0, runs * 3.0)
+    return Size(runs, args.workers, args.in_flight or 60, (3.0, 8.0), 0.3, 120.0, cap)
 
 
 def log(message: str) -> None:
@@ -345,6 +377,178 @@ class Workers:
             slot.proc = None
 
 
+# -- the replay check ------------------------------------------------------------------
+
+# Workflow-task failures that are the server's way of handing a worker new input, not
+# anybody's error (`tests/conftest.py`'s `failed_tasks` leaves them out too): it refuses
+# a task's completion because a signal arrived while the task ran (UNHANDLED_COMMAND:
+# the operator's approvals land at any moment), or closes a task in flight when the
+# signals buffered meanwhile pass its buffer (FORCE_CLOSE_COMMAND). The refused task's
+# commands never reach history, so replay does not see them, and the next task holds the
+# new input: the run goes on. They get a line of their own and do not count: a soak
+# whose operator signals runs at random moments has some, and it lost nothing by them.
+HANDOVERS = frozenset({"UNHANDLED_COMMAND", "FORCE_CLOSE_COMMAND"})
+# The one failure SPEC section 18 excepts: a payload encrypted with a key the worker does
+# not hold fails the task until the key is back (an operator's error, not an input). The
+# soak does not encrypt; a failure saying so (`durably.codec`'s `EncryptionKeyError`
+# text) is counted apart and named, should one appear.
+MISSING_KEY = "which this process does not hold"
+# A nondeterminism error's own words inside the SDK's wrapping (`Failure { message: ...`).
+NONDETERMINISM = re.compile(r"\[TMPRL1100\][^\"]*|[Nn]ondeterminism error[^\"]*")
+
+
+@dataclass(frozen=True)
+class Failed:
+    """One execution's failure: a replay that failed, or a workflow task that did."""
+
+    workflow_id: str
+    run_id: str
+    message: str
+    at: float = math.inf  # when (a task failure's event time); a replay's: never
+
+    def __str__(self) -> str:
+        return f"{self.workflow_id} (run {self.run_id}): {self.message[:600]}"
+
+
+@dataclass
+class HistoryCheck:
+    """What replaying every execution with a fresh replayer (as a worker that just started
+    would) and reading its workflow-task failures found. A soak that checks outcomes only
+    misses a run whose history no longer replays: a live worker holds it in its cache and
+    finishes it, and it wedges the first time any worker must rebuild it (issue 26)."""
+
+    replayed: int = 0
+    replay_failures: list[Failed] = field(default_factory=list)
+    task_failures: Counter[str] = field(default_factory=Counter)  # by cause; each counts
+    handovers: Counter[str] = field(default_factory=Counter)  # by cause; none counts
+    missing_key: list[Failed] = field(default_factory=list)  # replays and tasks, excepted
+    nondeterminism: list[Failed] = field(default_factory=list)  # replays and tasks
+
+    @property
+    def failures(self) -> int:
+        """What fails the soak: handovers and a missing key are not among them."""
+        return len(self.replay_failures) + self.task_failures.total()
+
+    def first_nondeterminism(self) -> Failed | None:
+        """The first that happened live (by event time), else the first replay's."""
+        return min(self.nondeterminism, key=lambda f: f.at, default=None)
+
+    def lines(self) -> list[str]:
+        """The two lines every soak prints, zeros when all is well; then what explains
+        anything else."""
+
+        def by_cause(counts: Counter[str]) -> str:
+            return ", ".join(f"{cause} {n}" for cause, n in counts.most_common()) or "0"
+
+        lines = [
+            f"histories replayed: {self.replayed}, replay failures: {len(self.replay_failures)}",
+            f"workflow task failures: {self.task_failures.total()}",
+        ]
+        if self.task_failures:
+            lines.append(f"  by cause: {by_cause(self.task_failures)}")
+        lines.append(f"server handovers (not failures): {by_cause(self.handovers)}")
+        if self.missing_key:
+            lines.append(
+                f"missing encryption key (SPEC section 18, not counted): "
+                f"{len(self.missing_key)}, first: {self.missing_key[0]}"
+            )
+        first = self.first_nondeterminism()
+        if first is not None:
+            lines.append(f"first nondeterminism error: {first}")
+        lines.extend(f"  replay failure: {f}" for f in self.replay_failures[:10])
+        return lines
+
+
+async def check_histories(
+    executions: Iterable[tuple[str, str, WorkflowHistory]], data_converter: DataConverter
+) -> HistoryCheck:
+    """Replay each (workflow id, run id, history) on its own and count its workflow-task
+    failures by cause. It takes histories, not a server, so a test can hand it the
+    histories of runs the query race wedged (`tests/wedged/`) and see it fail."""
+    check = HistoryCheck()
+    for workflow_id, run_id, history in executions:
+        check.replayed += 1
+        why = await replay(history, data_converter)
+        if why is not None:
+            failed = Failed(workflow_id, run_id, _nondeterminism(why) or why)
+            if MISSING_KEY in why:
+                check.missing_key.append(failed)
+            else:
+                check.replay_failures.append(failed)
+                if _nondeterminism(why):
+                    check.nondeterminism.append(failed)
+        causes = task_failures(history.events)
+        for event in history.events:
+            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                continue
+            attributes = event.workflow_task_failed_event_attributes
+            message = await _failure_text(attributes.failure, data_converter)
+            failed = Failed(workflow_id, run_id, message, event.event_time.ToNanoseconds() / 1e9)
+            if MISSING_KEY in message:
+                causes.subtract(task_failures([event]))
+                check.missing_key.append(failed)
+            elif attributes.cause == _NON_DETERMINISTIC:
+                check.nondeterminism.append(
+                    Failed(workflow_id, run_id, _nondeterminism(message) or message, failed.at)
+                )
+        for cause, n in (+causes).items():
+            (check.handovers if cause in HANDOVERS else check.task_failures)[cause] += n
+    return check
+
+
+_NON_DETERMINISTIC = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_NON_DETERMINISTIC_ERROR
+
+
+def _nondeterminism(message: str) -> str | None:
+    """A nondeterminism error's own words, if `message` holds one."""
+    found = NONDETERMINISM.search(message)
+    return found.group(0) if found else None
+
+
+async def _failure_text(failure: Failure, data_converter: DataConverter) -> str:
+    """A workflow task's failure message, decoded (a codec may encode messages)."""
+    copy = Failure()
+    copy.CopyFrom(failure)
+    try:
+        return str(await data_converter.decode_failure(copy))
+    except Exception as err:  # undecodable: a missing key says so in `err`
+        return f"{failure.message} (undecodable: {type(err).__name__}: {err})"
+
+
+def next_run(history: WorkflowHistory) -> str | None:
+    """The run an execution handed over to when it closed (continue-as-new, a retry or a
+    cron schedule's next run), if it did."""
+    if not history.events:
+        return None
+    last = history.events[-1]
+    for name in (
+        "workflow_execution_continued_as_new_event_attributes",
+        "workflow_execution_completed_event_attributes",
+        "workflow_execution_failed_event_attributes",
+        "workflow_execution_timed_out_event_attributes",
+    ):
+        if last.HasField(name):
+            return str(getattr(last, name).new_execution_run_id) or None
+    return None
+
+
+def decisions_in(workflow_id: str, events: Iterable[HistoryEvent]) -> dict[str, tuple[str, str]]:
+    """The operator's `resolve_tool` decisions an execution accepted: update id ->
+    (`{run}/{key}`, resolution type). Keyed by update id, since a reset run copies the
+    events it was reset from."""
+    found: dict[str, tuple[str, str]] = {}
+    for event in events:
+        if not event.HasField("workflow_execution_update_accepted_event_attributes"):
+            continue
+        request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+        if request.input.name != "resolve_tool":
+            continue
+        body = json.loads(request.input.args.payloads[0].data)
+        op = f"{workflow_id}/{body['operation']}"
+        found[request.meta.update_id] = (op, body["resolution"]["type"])
+    return found
+
+
 # -- the soak ---------------------------------------------------------------------------
 
 
@@ -353,6 +557,8 @@ class Tally:
     kills: int = 0
     kills_mid_manual: int = 0
     kills_mid_several: int = 0  # inside several manual calls of one run
+    kills_put_off: int = 0  # fewer than two workers had connected
+    kills_spared: int = 0  # kills that spared (or put off for) a model request's last attempt
     server_restarts: int = 0
     server_restart_at: float | None = None
     server_downtime_s: float = 0.0
@@ -364,6 +570,11 @@ class Tally:
     other_attention: dict[str, str] = field(default_factory=dict)  # run -> reason
     resolved_json: int = 0
     resolved_rerun: int = 0
+    # The operator's resolve_tool decisions, op -> resolution types: those the run
+    # confirmed, and those whose confirmation timed out or was cut off ("it may still be
+    # applied"): the checker allows a rerun either way, since it was asked for.
+    decided: defaultdict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    unconfirmed: defaultdict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     failed_retried: Counter[str] = field(default_factory=Counter)  # run -> times
     failed_errors: list[str] = field(default_factory=list)
     unresolved_waits: int = 0  # checks that could not prove anything yet
@@ -407,6 +618,9 @@ class Soak:
         self.agent_of: dict[str, str] = {}  # run id -> agent id (children too, in verify)
         self.flaky: set[str] = set()  # delegating runs whose child finds the register down
         self.completed: set[str] = set()
+        # What the killer's look-ups found: runs closed, child runs started.
+        self.closed: set[str] = set()
+        self.children: set[str] = set()
         self.tally = Tally()
         self.chaos = asyncio.Lock()  # held by the server restart: no kills meanwhile
         self.soak_over = asyncio.Event()
@@ -419,6 +633,8 @@ class Soak:
         self.delegation_stats: Counter[str] = Counter()
         self.driver_errors: list[str] = []
         self.server_down = False
+        self.last_progress = 0.0  # soak time of the latest progress (see `Size.stall_s`)
+        self.ended = "the soak's driver crashed"  # why the soak ended
 
     @property
     def temporal(self) -> Any:
@@ -452,11 +668,12 @@ class Soak:
                     self.progress(),
                 )
             ]
-            try:
-                await asyncio.wait_for(self.soak_over.wait(), self.size.deadline_s)
-            except TimeoutError:
-                log(f"deadline: {self.size.deadline_s:.0f} s passed with runs unfinished")
+            # The watcher ends the soak (every run completed, a stall, the cap); the
+            # margin covers a watcher stuck in a call to a server that does not answer.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.soak_over.wait(), self.size.cap_s + 60)
             soak_s = self.elapsed()
+            log(f"the soak ended after {soak_s:.0f} s: {self.ended}")
             self.soak_over.set()
             for task in tasks:
                 task.cancel()
@@ -492,7 +709,7 @@ class Soak:
                 raise
             except RPC_ERRORS as err:
                 gone = isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND
-                if gone or self.elapsed() > self.size.deadline_s + 60:
+                if gone or self.elapsed() > self.size.cap_s + 60:
                     raise
                 log(f"{what}: {type(err).__name__}: {err}; trying again")
                 await asyncio.sleep(0.5)
@@ -526,7 +743,9 @@ class Soak:
             self.agent_of[run_id] = agent_id
 
     async def watcher(self) -> None:
-        """Notice completed runs (visibility), and end the soak when all are."""
+        """Notice completed runs (visibility) and progress; end the soak when every run
+        completed, when no run made progress for `stall_s`, or at `cap_s`."""
+        seen: tuple[int, ...] = ()
         while True:
             try:
                 assert self.client is not None
@@ -536,10 +755,35 @@ class Soak:
                 pass
             self.tick.set()
             self.tick = asyncio.Event()
+            if (marker := self.progress_marker()) != seen:
+                seen, self.last_progress = marker, self.elapsed()
+            stalled = self.elapsed() - self.last_progress
             if len(self.run_ids) == self.size.runs and len(self.completed) == self.size.runs:
-                self.soak_over.set()
-                return
-            await asyncio.sleep(0.5)
+                self.ended = "every run completed"
+            elif stalled > self.size.stall_s:
+                self.ended = f"no run made progress for {stalled:.0f} s, runs unfinished"
+            elif self.elapsed() > self.size.cap_s:
+                self.ended = f"the cap of {self.size.cap_s:.0f} s passed, runs unfinished"
+            else:
+                await asyncio.sleep(0.5)
+                continue
+            self.soak_over.set()
+            return
+
+    def progress_marker(self) -> tuple[int, ...]:
+        """What changes when any run moves forward: runs started and completed, tool calls
+        journaled, interrupted calls resolved, approvals answered, children mended. Not the
+        operator's looks or repeated signals: a wedged run gets those forever."""
+        self.journal.refresh()
+        t = self.tally
+        return (
+            len(self.run_ids),
+            len(self.completed),
+            len(self.journal.entries),
+            sum(len(kinds) for kinds in t.decided.values()),
+            len(t.approved),
+            sum(t.children_fixed.values()),
+        )
 
     async def progress(self) -> None:
         while True:
@@ -556,14 +800,25 @@ class Soak:
         while True:
             await asyncio.sleep(self.rng.uniform(*self.size.kill_every))
             async with self.chaos:
-                alive = self.workers.alive()
-                if not alive:
+                # Only a worker that connected, and not the last one: a worker takes seconds
+                # to start on a loaded machine, and a killer that struck booting workers
+                # (half its kills, on a quiet machine) left none serving for long stretches,
+                # so the soak measured the machine's load rather than durably.
+                ready = [s for s in self.workers.alive() if s.connected()]
+                if not ready or len(ready) < min(2, len(self.workers.slots)):
+                    self.tally.kills_put_off += 1
                     continue
+                spared, coming = await self.last_model_attempts()
+                if coming or any(s.proc and s.proc.pid in spared for s in ready):
+                    self.tally.kills_spared += 1
+                    ready = [s for s in ready if s.proc and s.proc.pid not in spared]
+                    if coming or not ready:
+                        continue
                 # Every other kill aims at a worker inside a manual call, when there is one:
                 # inside several of one run (concurrent calls of one answer) if there is one.
-                mid_manual, mid_several = self.mid_manual_call(alive)
+                mid_manual, mid_several = self.mid_manual_call(ready)
                 aimed = bool(mid_manual) and self.rng.random() < 0.5
-                slot = self.rng.choice((mid_several or mid_manual) if aimed else alive)
+                slot = self.rng.choice((mid_several or mid_manual) if aimed else ready)
                 slot.killing = True
                 pid = await asyncio.to_thread(self.workers.kill, slot)
                 self.tally.kills += 1
@@ -575,6 +830,47 @@ class Soak:
                     self.tally.kills_mid_several += 1
                 log(f"killed worker {slot.index} (pid {pid}) {what}; kill {self.tally.kills}")
                 self.workers.start(slot)
+
+    async def last_model_attempts(self) -> tuple[set[int], bool]:
+        """The workers running a model request's last attempt, and whether a last attempt
+        is about to start on a worker nobody can tell yet (it waits for a worker, or the
+        attempt before it died with its worker). A kill there fails the run, as durably
+        promises (crashed attempts count, three without `model_retry`: SPEC section 8),
+        so the killer spares those workers, and puts its kill off in the second case.
+        Such attempts are long: a worker without the run's transcript asks the run for
+        it, whose own worker just died. Without this, three kills in a row on one
+        request were common, and the soak failed runs by its own hand."""
+        dead = self.workers.dead
+        started = PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+
+        async def pending(workflow_id: str) -> tuple[set[int], bool]:
+            try:
+                desc = await self.temporal.get_workflow_handle(workflow_id).describe()
+            except RPC_ERRORS:
+                return set(), False
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                self.closed.add(workflow_id)
+            # Child runs: looked at from the next kill on (the operator may not know them).
+            self.children.update(c.workflow_id for c in desc.raw_description.pending_children)
+            pids: set[int] = set()
+            coming = False
+            for activity in desc.raw_description.pending_activities:
+                if not activity.activity_id.startswith("model:") or not activity.maximum_attempts:
+                    continue
+                left = activity.maximum_attempts - activity.attempt  # attempts after this one
+                pid = -1
+                with contextlib.suppress(ValueError):
+                    pid = int(activity.last_worker_identity.split("@", 1)[0])
+                if left <= 0 and activity.state == started:
+                    pids.add(pid)
+                elif left <= 0 or (left == 1 and activity.state == started and pid in dead):
+                    coming = True
+            return pids, coming
+
+        t = self.tally
+        known = {*self.run_ids, *self.children, *t.child_parent, *t.children_from_list}
+        found = await asyncio.gather(*(pending(w) for w in known - self.closed))
+        return set().union(*(pids for pids, _ in found)), any(coming for _, coming in found)
 
     def mid_manual_call(self, alive: list[Slot]) -> tuple[list[Slot], list[Slot]]:
         """Workers whose journal shows a manual call started and not finished, and those
@@ -661,8 +957,10 @@ class Soak:
 
         async def attend(run_id: str) -> None:
             try:
-                async with gate:
-                    await asyncio.wait_for(self.attend(run_id), 30)
+                # In this task (not `wait_for`'s own): an error the cut-off call raises
+                # instead of its cancellation (an update "may still be applied") lands here.
+                async with gate, asyncio.timeout(30):
+                    await self.attend(run_id)
             except (*RPC_ERRORS, DurableConflictError) as err:
                 log(f"operator on {run_id}: {type(err).__name__}: {err}")
             finally:
@@ -835,7 +1133,7 @@ class Soak:
         effects = self.journal.of(op, "effect")
         run = RunHandle(self.temporal, run_id)
         if effects:
-            await run.resolve_tool(key, {"type": "json", "value": effects[-1]["result"]})
+            await self.decide(run, key, {"type": "json", "value": effects[-1]["result"]})
             self.tally.resolved_json += 1
             log(f"resolved {op}: the journal shows its effect -> json {effects[-1]['result']}")
             return
@@ -846,12 +1144,26 @@ class Soak:
             if e["pid"] == pid and starts and e["t"] >= starts[-1]["t"]
         ]
         if dead or aborted:
-            await run.resolve_tool(key, {"type": "rerun"})
+            await self.decide(run, key, {"type": "rerun"})
             self.tally.resolved_rerun += 1
             why = f"pid {pid} is dead" if dead else f"pid {pid} aborted before the effect"
             log(f"resolved {op}: no effect and {why} -> rerun")
             return
         self.tally.unresolved_waits += 1  # the attempt may still be running: look later
+
+    async def decide(self, run: RunHandle, key: str, resolution: dict[str, Any]) -> None:
+        """`resolve_tool`, remembering the decision: confirmed, or unconfirmed when the
+        answer did not come back (a timeout, the server restarting, the operator's time
+        limit cutting the call off), since Temporal may apply it all the same."""
+        op, kind = f"{run.run_id}/{key}", str(resolution["type"])
+        try:
+            await run.resolve_tool(key, resolution)
+        except (DurableConflictError, InvalidResponseError):
+            raise  # refused by the run's validator: nothing was applied
+        except BaseException:
+            self.tally.unconfirmed[op].append(kind)
+            raise
+        self.tally.decided[op].append(kind)
 
     async def last_attempt_pid(self, run_id: str, key: str) -> int | None:
         history = await self.temporal.get_workflow_handle(run_id).fetch_history()
@@ -934,11 +1246,9 @@ class Soak:
         return call_child
 
     async def verify(self, soak_s: float) -> int:
-        self.journal.refresh()
         gate = asyncio.Semaphore(16)
         outputs: dict[str, dict[str, Any]] = {}
         statuses: dict[str, str] = {}
-        resolutions: defaultdict[str, list[str]] = defaultdict(list)  # op -> types
         results: dict[str, RunResult] = {}
         first_run: dict[str, str] = {}  # run id -> its chain's first Temporal run id
         listed: dict[str, list[tuple[str, str]]] = {}  # run -> (workflow id, run) by prefix
@@ -966,16 +1276,6 @@ class Soak:
                 result: RunResult = await self.retrying(f"result {run_id}", handle.result)
                 results[run_id] = result
                 outputs[run_id] = json.loads(result.output or "{}")
-                history = await self.retrying(f"history {run_id}", handle.fetch_history)
-                for event in history.events:
-                    if not event.HasField("workflow_execution_update_accepted_event_attributes"):
-                        continue
-                    request = event.workflow_execution_update_accepted_event_attributes
-                    update = request.accepted_request.input
-                    if update.name != "resolve_tool":
-                        continue
-                    body = json.loads(update.args.payloads[0].data)
-                    resolutions[f"{run_id}/{body['operation']}"].append(body["resolution"]["type"])
 
         async def list_children(run_id: str) -> None:
             """Every workflow in the namespace whose id starts with `{run_id}/`."""
@@ -1013,7 +1313,61 @@ class Soak:
 
         await asyncio.gather(*(parent_of(c) for c in children if statuses[c] == "completed"))
         delegation = Delegation(children, listed, results, first_run, parent_named)
-        return self.report(soak_s, outputs, statuses, resolutions, delegation)
+        t = self.tally
+        known = {*self.run_ids, *children, *self.children, *t.child_parent}
+        known |= t.children_from_list
+        executions = await self.executions(known)
+        log(f"replaying {len(executions)} executions")
+        check = await check_histories(executions, self.temporal.data_converter)
+        # The operator's decisions, from every execution's history (a run that did not
+        # complete, or was reset, holds decisions too).
+        decisions: dict[tuple[str, str], tuple[str, str]] = {}
+        for workflow_id, _, history in executions:
+            for update_id, decision in decisions_in(workflow_id, history.events).items():
+                decisions[(workflow_id, update_id)] = decision
+        resolutions: defaultdict[str, list[str]] = defaultdict(list)  # op -> types
+        for op, kind in decisions.values():
+            resolutions[op].append(kind)
+        # Read last: a run that completed during the checks journaled its calls before.
+        self.journal.refresh()
+        return self.report(soak_s, outputs, statuses, resolutions, delegation, check)
+
+    async def executions(self, known: Iterable[str]) -> list[tuple[str, str, WorkflowHistory]]:
+        """Every execution the namespace holds, once each, by (workflow id, run id): what
+        visibility lists, and, since visibility can lag or miss one, every run of the
+        chain of each workflow id the soak started or found, walked from the chain's
+        first run through the run each hands over to."""
+        temporal = self.temporal
+        gate = asyncio.Semaphore(16)
+        histories: dict[tuple[str, str], WorkflowHistory] = {}
+
+        async def history(workflow_id: str, run_id: str) -> WorkflowHistory:
+            handle = temporal.get_workflow_handle(workflow_id, run_id=run_id)
+            async with gate:
+                fetched: WorkflowHistory = await self.retrying(
+                    f"history of {workflow_id} {run_id}", handle.fetch_history
+                )
+            histories[(workflow_id, run_id)] = fetched
+            return fetched
+
+        async def chain(workflow_id: str) -> None:
+            handle = temporal.get_workflow_handle(workflow_id)
+            try:
+                async with gate:
+                    desc = await self.retrying(f"describe {workflow_id}", handle.describe)
+            except RPCError:  # not found: its start never reached the server
+                return
+            run_id: str | None = desc.raw_description.workflow_execution_info.first_run_id
+            while run_id and (workflow_id, run_id) not in histories:
+                run_id = next_run(await history(workflow_id, run_id))
+
+        async def listing() -> list[tuple[str, str]]:
+            return [(w.id, w.run_id) async for w in temporal.list_workflows()]
+
+        listed = await self.retrying("list the namespace", listing)
+        await asyncio.gather(*(chain(w) for w in sorted({*known, *(w for w, _ in listed)})))
+        await asyncio.gather(*(history(*e) for e in set(listed) - set(histories)))
+        return [(w, r, h) for (w, r), h in sorted(histories.items())]
 
     def report(
         self,
@@ -1022,6 +1376,7 @@ class Soak:
         statuses: dict[str, str],
         resolutions: dict[str, list[str]],
         delegation: Delegation,
+        check: HistoryCheck,
     ) -> int:
         t = self.tally
         problems: list[str] = []
@@ -1070,8 +1425,12 @@ class Soak:
             starts = [e for e in entries if e["ev"] == "start"]
             effects = [e for e in entries if e["ev"] == "effect"]
             done = [e for e in entries if e["ev"] == "done"]
-            kinds = resolutions.get(op, [])
-            reruns = kinds.count("rerun")
+            # The decisions the runs' histories accepted, or, if more, those the operator
+            # asked for (confirmed, or unconfirmed: "it may still be applied"): a rerun
+            # that was asked for is never a manual call executed twice.
+            asked = t.decided.get(op, []) + t.unconfirmed.get(op, [])
+            kinds = max(resolutions.get(op, []), asked, key=len)
+            reruns = max(resolutions.get(op, []).count("rerun"), asked.count("rerun"))
             reruns_total += reruns
             if len(starts) > 1 + reruns:
                 manual_twice += 1
@@ -1145,6 +1504,10 @@ class Soak:
 
         for error in self.driver_errors:
             problems.append(f"the soak's driver crashed: {error}")
+        for failed in check.replay_failures:
+            problems.append(f"does not replay: {failed}")
+        if check.task_failures:
+            problems.append(f"workflow tasks failed: {dict(check.task_failures)}")
         # Crashes must never need an operator beyond reconciling manual calls.
         for run_id, times in t.failed_retried.items():
             problems.append(f"run {run_id} failed {times} time(s) and needed retry()")
@@ -1164,6 +1527,10 @@ class Soak:
             ("manual operations seen needs_attention (tool_interrupted)", attention_manual),
             ("resolved with the journaled result", t.resolved_json),
             ("resolved rerun", t.resolved_rerun),
+            (
+                "resolve_tool unconfirmed (may still be applied)",
+                sum(len(kinds) for kinds in t.unconfirmed.values()),
+            ),
             ("other needs_attention", len(t.other_attention)),
             ("approvals answered by signal", len(t.approved)),
             ("approvals denied", len(denied)),
@@ -1231,6 +1598,8 @@ class Soak:
             ("kills", t.kills),
             ("  of which inside a manual call", t.kills_mid_manual),
             ("  of which inside several manual calls of one run", t.kills_mid_several),
+            ("  put off: fewer than two workers connected", t.kills_put_off),
+            ("  sparing a model request's last attempt (or put off for one)", t.kills_spared),
             ("worker exits not caused by a kill", len(self.workers.exits)),
             (
                 "  of which before connecting",
@@ -1248,8 +1617,14 @@ class Soak:
         )
         print(f"needs_attention noticed after the kill: {detection}")
         print(f"operator looks that could not prove an outcome yet: {t.unresolved_waits}")
-        print(f"soak time: {soak_s:.1f} s")
+        print(f"soak time: {soak_s:.1f} s ({self.ended})")
+        for line in check.lines():
+            print(line)
         print(f"violations: {violations}")
+        if violations:
+            if check.first_nondeterminism() is None:
+                print("first nondeterminism error: none")
+            print(f"kept: {self.tmp} (journal/, workers/*.log, server.log, temporal.db)")
         for problem in problems[:50]:
             print(f"  VIOLATION {problem}")
         for error in t.failed_errors[:10]:

@@ -1,21 +1,36 @@
-"""The small chaos soak (`benchmarks/chaos.py --small`), run as CI runs it.
+"""The small chaos soak (`benchmarks/chaos.py --small`), run as CI runs it, and the check
+every soak ends with: each execution replayed as a freshly started worker would.
 
 The soak starts its own dev server, ticket service and worker processes,
 SIGKILLs workers, restarts the server once, and checks the tools' journals;
-see the script's docstring.
+see the script's docstring. Its replay check is tested apart, on the histories
+of runs the query race wedged (`tests/wedged/`, issue 26), with no server: a
+soak whose histories all replayed proves nothing about a check that never fails.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.history.v1 import WorkflowTaskFailedEventAttributes
+from temporalio.client import WorkflowHistory
+
+from durably._converter import durable_converter
+from durably.codec import EncryptionKeyError, EncryptionKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 SOAK = ROOT / "benchmarks" / "chaos.py"
+# Runs the query race wedged (from earlier soaks, before the query guard): none replays.
+WEDGED = sorted((Path(__file__).resolve().parent / "wedged").glob("*.json"))
+# A run recorded by durably 0.1.0 that completed: it replays.
+REPLAYS = Path(__file__).resolve().parent / "histories/0.1.0/completed_after_model_retry_wait.json"
 
 
 def count(output: str, name: str) -> int:
@@ -24,17 +39,96 @@ def count(output: str, name: str) -> int:
     return int(found.group(1))
 
 
+def soak_module() -> ModuleType:
+    """`benchmarks/chaos.py`, imported (it finds its agents module beside itself)."""
+    if str(SOAK.parent) not in sys.path:
+        sys.path.insert(0, str(SOAK.parent))
+    return importlib.import_module("chaos")
+
+
+def execution(path: Path) -> tuple[str, str, WorkflowHistory]:
+    """A recorded execution's (workflow id, run id, history); the file is named after the
+    workflow id it ran under."""
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    started = history.events[0].workflow_execution_started_event_attributes
+    return path.stem, started.original_execution_run_id, history
+
+
+def failed_tasks(history: WorkflowHistory) -> list[WorkflowTaskFailedEventAttributes]:
+    """The history's WorkflowTaskFailed events' attributes (a test changes them in place)."""
+    return [
+        e.workflow_task_failed_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+    ]
+
+
+class TestReplayCheck:
+    async def test_fails_on_the_histories_the_query_race_wedged(self) -> None:
+        """Every wedged history fails to replay; its nondeterminism error is named."""
+        chaos = soak_module()
+        assert len(WEDGED) == 6, WEDGED
+
+        check = await chaos.check_histories(map(execution, WEDGED), durable_converter(None))
+        lines = check.lines()
+
+        assert lines[0] == "histories replayed: 6, replay failures: 6", lines
+        assert re.fullmatch(r"workflow task failures: [1-9]\d*", lines[1]), lines
+        assert "  by cause: NON_DETERMINISTIC_ERROR" in lines[2], lines
+        first = next(line for line in lines if line.startswith("first nondeterminism error"))
+        assert "[TMPRL1100] Nondeterminism error" in first, lines
+        assert re.search(r"chaos-\d{4}-\w+ \(run [0-9a-f-]{36}\)", first), lines
+        assert check.failures > 6
+
+    async def test_passes_on_a_history_that_replays(self) -> None:
+        """A recorded history of a run that completed reads zero on both lines."""
+        chaos = soak_module()
+
+        check = await chaos.check_histories([execution(REPLAYS)], durable_converter(None))
+
+        assert check.lines()[:2] == [
+            "histories replayed: 1, replay failures: 0",
+            "workflow task failures: 0",
+        ]
+
+    async def test_server_handovers_and_a_missing_key_are_named_not_counted(self) -> None:
+        """Tasks the server closed to hand over a signal, and tasks failed for want of an
+        encryption key (SPEC section 18, the one excepted failure), each get a line of
+        their own and count as no workflow task failure."""
+        chaos = soak_module()
+        handed_over, keyless = [w for w in map(execution, WEDGED) if failed_tasks(w[2])][:2]
+        for task in failed_tasks(handed_over[2]):
+            task.cause = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+        with pytest.raises(EncryptionKeyError) as missing:
+            EncryptionKeys({"a": bytes(32)}).cipher("gone")
+        for task in failed_tasks(keyless[2]):
+            task.failure.message = str(missing.value)
+
+        check = await chaos.check_histories([handed_over, keyless], durable_converter(None))
+        lines = check.lines()
+
+        assert lines[1] == "workflow task failures: 0", lines
+        handovers = len(failed_tasks(handed_over[2]))
+        assert f"server handovers (not failures): UNHANDLED_COMMAND {handovers}" in lines
+        assert len(check.missing_key) == len(failed_tasks(keyless[2])) > 0
+        assert any(line.startswith("missing encryption key") for line in lines), lines
+        # Their replays still fail: a handover or a key does not excuse nondeterminism.
+        assert lines[0] == "histories replayed: 2, replay failures: 2", lines
+
+
 class TestChaosSoak:
-    @pytest.mark.timeout(300)
+    @pytest.mark.timeout(660)
     def test_the_small_soak_loses_nothing_and_repeats_no_effect(self) -> None:
-        """Killed workers and a server restart: every run completes, no effect repeats."""
+        """Killed workers and a server restart: every run completes, no effect repeats,
+        every history replays and no workflow task failed."""
         soak = subprocess.run(
             # durably's defaults: crashed model requests get 3 attempts, no more.
             [sys.executable, str(SOAK), "--small", "--no-model-retry"],
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=240,
+            # The soak ends on a stall or at its cap (420 s), then checks and replays.
+            timeout=600,
         )
         shown = f"stdout:\n{soak.stdout}\nstderr (tail):\n{soak.stderr[-5000:]}"
 
@@ -55,3 +149,11 @@ class TestChaosSoak:
             "failed runs retried",
         ):
             assert count(out, name) == 0, f"{name}\n{shown}"
+        replayed = re.search(
+            r"^histories replayed: (\d+), replay failures: (\d+)$", out, re.MULTILINE
+        )
+        assert replayed is not None, shown
+        # Every run and child run, at least: visibility's listing and the chains walked.
+        assert int(replayed.group(1)) >= count(out, "runs started"), shown
+        assert int(replayed.group(2)) == 0, shown
+        assert count(out, "workflow task failures") == 0, shown

@@ -42,6 +42,7 @@ from temporalio.bridge.proto.workflow_activation import (
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.client import WorkflowHandle, WorkflowQueryFailedError
 from temporalio.converter import SerializationContext, StorageDriverStoreContext
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 if TYPE_CHECKING:
@@ -54,6 +55,12 @@ T = TypeVar("T")
 REFUSED = "durably refused this query for a moment"
 # Its failure's type, which a payload codec leaves readable when it encodes the message.
 _REFUSED_TYPE = "DurablyQueryRefused"
+# How a query fails when no worker answered it in time (asked again if patient).
+_UNANSWERED = (
+    RPCStatusCode.CANCELLED,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.UNAVAILABLE,
+)
 # The id Temporal gives a query delivered as a task of its own.
 _LEGACY_QUERY_ID = "legacy_query"
 _MESSAGE = (
@@ -142,14 +149,19 @@ async def ask(
     result_type: type[T],
     rpc_timeout: timedelta | None = None,
     within: timedelta = timedelta(seconds=30),
+    patient: bool = False,
 ) -> T:
     """A query of durably's, asked again while a worker's guard refuses it.
 
     A refusal lasts until the run's next workflow task has run: the dead worker's
-    sticky queue lets go of it within `durably.worker.STICKY_TIMEOUT`.
+    sticky queue lets go of it within `durably.worker.STICKY_TIMEOUT`. A `patient`
+    caller (an activity that needs the answer, and heartbeats meanwhile) also asks
+    again when no worker answered in time (the run's worker died, or the machine is
+    too loaded to answer within the RPC's deadline), up to `within`.
     """
     delay = 0.05
-    deadline = asyncio.get_running_loop().time() + within.total_seconds()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within.total_seconds()
     while True:
         try:
             answer: T = await handle.query(
@@ -157,7 +169,10 @@ async def ask(
             )
             return answer
         except WorkflowQueryFailedError as err:
-            if not refused(err) or asyncio.get_running_loop().time() >= deadline:
+            if not refused(err) or loop.time() >= deadline:
+                raise
+        except RPCError as err:
+            if not (patient and err.status in _UNANSWERED) or loop.time() >= deadline:
                 raise
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)

@@ -21,7 +21,9 @@ activity's client.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from functools import partial
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -44,6 +46,10 @@ from durably.messages import Message
 
 __all__ = ["conversation", "model_transcript", "rebuild_transcript", "restored_transcript"]
 
+# A model request's worker that misses its cache reads the run by query, heartbeating:
+# it asks again when no worker answered in time (one was restarting) rather than
+# spending one of the request's attempts.
+_PATIENT: dict[str, Any] = {"patient": True, "within": timedelta(minutes=2)}
 # A cache miss for a few referenced messages asks for those alone.
 _FETCH_ONE_BY_ONE = 4
 
@@ -171,7 +177,9 @@ async def rebuild_transcript(
 async def _fetch_message(workflow_id: str, position: int) -> Message:
     """One message of the run's transcript, by query."""
     handle = activity.client().get_workflow_handle(workflow_id)
-    page = await ask(handle, Handler.TRANSCRIPT, position, 1, result_type=TranscriptPage)
+    page = await ask(
+        handle, Handler.TRANSCRIPT, position, 1, result_type=TranscriptPage, **_PATIENT
+    )
     if not page.messages:
         raise ApplicationError(
             f"run {workflow_id!r} has no message {position} yet; this is a bug in durably, "
@@ -187,7 +195,9 @@ async def _fetch_transcript(workflow_id: str, temporal_run_id: str | None = None
     messages: list[Message] = []
     while True:
         try:
-            page = await ask(handle, Handler.TRANSCRIPT, len(messages), result_type=TranscriptPage)
+            page = await ask(
+                handle, Handler.TRANSCRIPT, len(messages), result_type=TranscriptPage, **_PATIENT
+            )
         except RPCError as exc:
             if temporal_run_id is None or exc.status != RPCStatusCode.NOT_FOUND:
                 raise

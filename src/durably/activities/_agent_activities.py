@@ -332,7 +332,9 @@ class AgentActivities:
         history (namespace retention deletes it)."""
         handle = activity.client().get_workflow_handle(request.run_id)
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
-            page = await ask(handle, Handler.TRANSCRIPT, request.offset, result_type=TranscriptPage)
+            page = await ask(
+                handle, Handler.TRANSCRIPT, request.offset, result_type=TranscriptPage, patient=True
+            )
         return page
 
     # -- tools --------------------------------------------------------------
