@@ -93,10 +93,11 @@ async def test_inbox_shows_each_call_and_approve_all_approves_all_three(
     await pending(run, 3)
 
     async def in_inbox() -> bool:
-        return sum(i.run_id == run.run_id for i in await client.inbox()) == 3
+        inbox = await client.inbox(task_queue=client.task_queue)
+        return sum(i.run_id == run.run_id for i in inbox) == 3
 
     await eventually(in_inbox)
-    inbox = await durably(env, "inbox")
+    inbox = await durably(env, "inbox", "--task-queue", client.task_queue)
     assert inbox.returncode == 0, inbox.stderr
     lines = [line for line in inbox.stdout.splitlines() if run.run_id in line]
     assert len(lines) == 3

@@ -117,10 +117,10 @@ async def test_inbox_shows_the_session_and_a_busy_session_rejects_a_message(
     waiting = await wait_for_status(run, RunStatus.WAITING)
 
     async def in_inbox() -> bool:
-        return run.run_id in {i.run_id for i in await client.inbox()}
+        return run.run_id in {i.run_id for i in await client.inbox(task_queue=client.task_queue)}
 
     await eventually(in_inbox)
-    inbox = await durably(env, "inbox")
+    inbox = await durably(env, "inbox", "--task-queue", client.task_queue)
     assert inbox.returncode == 0, inbox.stderr
     (row,) = [row for row in rows(inbox) if run.run_id in row]
     assert row[:4] == [run.run_id, session.session_id, "cli-chat", "question"]

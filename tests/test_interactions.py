@@ -459,11 +459,14 @@ async def test_durably_inbox_lists_what_each_parked_run_waits_for(
     everyone = {r.run_id for r in (waiting, blocked, failed, question, backing_off)}
 
     async def all_listed() -> bool:  # visibility trails the runs by a moment
-        return everyone <= {i.run_id for i in await client.inbox()}
+        return everyone <= {i.run_id for i in await client.inbox(task_queue=client.task_queue)}
 
     await eventually(all_listed)
     target = env.client.service_client.config.target_host
-    shown = await cli(sys.executable, "-m", "durably", "inbox", "--json", "--target", target)
+    shown = await cli(
+        sys.executable, "-m", "durably", "inbox", "--json", "--target", target,
+        "--task-queue", client.task_queue,
+    )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     items = {i["run_id"]: i for i in json.loads(shown.stdout)}
 

@@ -315,13 +315,13 @@ class TestOperatorCommands:
         assert "budget_exceeded" in shown and "total_tokens 500, cost_usd 5" in shown
         assert "1,000 input / 100 output tokens" in shown and "$0.0130" in shown
         assert "1 of 4" in shown
-        inbox = await durably("inbox")
+        inbox = await durably("inbox", "--task-queue", task_queue)
         assert "total_tokens limit (1100 of 500) is reached" in inbox
 
         raised = await durably("raise-limits", "cli-limits", "total_tokens=2000", "--as", "ops")
         assert "Going on with tool:1:call_1" in raised
         assert (await run.result()).output == "A-1 shipped."
-        items = [i for i in await client.inbox() if i.run_id == "cli-limits"]
+        items = [i for i in await client.inbox(task_queue=task_queue) if i.run_id == "cli-limits"]
         assert items == []
 
 

@@ -160,7 +160,9 @@ class TestDelegation:
         snap = await parent.snapshot()
         assert snap.status == RunStatus.RUNNING  # the parent runs: its child waits
         assert refunder_id in (snap.current or "") and "approval:1:r" in (snap.current or "")
-        inbox = [i for i in await client.inbox() if i.run_id == refunder_id]
+        inbox = [
+            i for i in await client.inbox(task_queue=client.task_queue) if i.run_id == refunder_id
+        ]
         assert [(i.kind, i.parent_run_id) for i in inbox] == [("approval", parent.run_id)]
         listed = [r for r in await client.list_runs(agent_id="refunder") if r.run_id == refunder_id]
         assert [r.parent_run_id for r in listed] == [parent.run_id]

@@ -295,7 +295,7 @@ _RESPONSES = st.lists(st.builds(Respond, _IDS, st.booleans()), max_size=3)
 
 
 class TestSplitsOfOneTask:
-    @settings(max_examples=150, deadline=None)
+    @settings(max_examples=60, deadline=None)
     @given(calls=_CALLS, responses=_RESPONSES, cut=st.integers(min_value=0, max_value=3))
     def test_responses_in_the_task_of_the_answer_asking_for_them(
         self, calls: list[str], responses: list[Respond], cut: int
@@ -307,7 +307,7 @@ class TestSplitsOfOneTask:
 
         assert len(outcomes([], task, commute=True)) == 1
 
-    @settings(max_examples=150, deadline=None)
+    @settings(max_examples=60, deadline=None)
     @given(
         calls=_CALLS,
         responses=_RESPONSES,

@@ -136,10 +136,10 @@ async def test_hostile_text_shows_as_escapes_in_start_inbox_answer_and_runs_show
     await wait_for_status(run, RunStatus.WAITING)
 
     async def in_inbox() -> bool:
-        return run_id in {i.run_id for i in await client.inbox()}
+        return run_id in {i.run_id for i in await client.inbox(task_queue=client.task_queue)}
 
     await eventually(in_inbox)
-    inbox, _ = await durably(env, "inbox")
+    inbox, _ = await durably(env, "inbox", "--task-queue", client.task_queue)
     assert_shown_safely(inbox, f"{SHOWN}which?")  # the cell may wrap after "answer:"
     answered, _ = await durably(env, "answer", run_id, "A1", "--as", "eve\u202e")
     assert_shown_safely(answered, "answered by eve\\u202e")

@@ -42,11 +42,23 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 
 
 @command
-async def inbox(as_json: AsJson = False, *, conn: Connection) -> None:
+async def inbox(
+    as_json: AsJson = False,
+    task_queue: Annotated[
+        str | None,
+        typer.Option(
+            "--task-queue",
+            help="Only the runs of this task queue (one deployment); default: every run.",
+            show_default=False,
+        ),
+    ] = None,
+    *,
+    conn: Connection,
+) -> None:
     """Everything waiting for a person, across all runs: approvals, questions,
     blocked operations, failed runs and retry waits, one line each (a run whose
     turn holds several shows several)."""
-    items = await (await conn.client()).inbox()
+    items = await (await conn.client()).inbox(task_queue=task_queue)
     if as_json:
         print(json.dumps([i.model_dump(mode="json") for i in items], indent=2))
         return

@@ -29,7 +29,6 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 
 from durably._repair import fates_after
-from durably._replay import first_unreplayable_task, replay
 from durably.contract import Handler, RepairReport, RepairRequest
 from durably.errors import DurableConflictError, RunNotFoundError
 
@@ -50,6 +49,9 @@ async def repair_run(
     client: Client, run_id: str, request: RepairRequest, *, what: str
 ) -> RepairReport:
     """Reset the run to its first workflow task that does not replay (see the module)."""
+    # Replaying needs the workflow code: loaded here, not with every client.
+    from durably._replay import first_unreplayable_task, replay
+
     try:
         current = (await client.get_workflow_handle(run_id).describe()).run_id
     except RPCError as err:
