@@ -16,6 +16,11 @@ run is pure orchestration. Implemented four ways, the first two twice:
 (b') durably, encrypted: the same with `durably.codec.EncryptionCodec` on the
     client and the worker, so every payload is AES-256-GCM ciphertext on the
     server (checked once per invocation in a run's history); judged against (b);
+(b'') durably, no workflow cache: (b) on a worker with `max_cached_workflows=0`,
+    which replays a run's whole history for every workflow task (the catch-all
+    against the query race, `durably._query_guard`) and takes one workflow task
+    at a time; judged against (b). Only when named: ``--only durably
+    durably-no-cache``;
 (c) openai-agents: Temporal's OpenAI Agents integration with a fake
     `Model`/`ModelProvider` and the tool as an activity (`activity_as_tool`);
 (d) pydantic-ai: pydantic-ai's `TemporalDurability` with a `FunctionModel`.
@@ -56,8 +61,9 @@ Run ``python benchmarks/compare.py`` for the full measurement (N = 5, 50 and
 writes ``docs/benchmarks.md`` and ``docs/benchmarks_history.png``),
 ``--quick`` for a fast check (e.g. ``--quick --only floor floor-unsandboxed
 durably``), e.g. ``--only durably durably-encrypted --turns 5 50 --runs 5``
-for encryption's cost, or e.g. ``--only durably --turns 500`` for one
-implementation.
+for encryption's cost, ``--only durably durably-no-cache --turns 5 50 200
+--concurrency 20`` for a worker without a workflow cache, or e.g. ``--only
+durably --turns 500`` for one implementation.
 """
 
 from __future__ import annotations
@@ -94,6 +100,7 @@ from _common import (
     run_main,
 )
 from _impl_durably import durably_registration
+from temporalio.api.enums.v1 import TaskQueueKind
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import TerminatedError
@@ -115,13 +122,20 @@ NOTES_END = "<!-- /notes -->"
 FLOOR, DURABLY, OPENAI, PYDANTIC = "floor", "durably", "openai-agents", "pydantic-ai"
 FLOOR_UNSANDBOXED = "floor-unsandboxed"
 ENCRYPTED = "durably-encrypted"
-IMPLS = (FLOOR, FLOOR_UNSANDBOXED, DURABLY, ENCRYPTED, OPENAI, PYDANTIC)
+NO_CACHE = "durably-no-cache"
+IMPLS = (FLOOR, FLOOR_UNSANDBOXED, DURABLY, ENCRYPTED, NO_CACHE, OPENAI, PYDANTIC)
+# What a run without `--only` measures: durably without a workflow cache is an
+# operator's choice, not durably's default, so it is measured when named.
+DEFAULT_IMPLS = tuple(i for i in IMPLS if i != NO_CACHE)
+# durably's variants, each judged against durably (b), and how their tables name them.
+VARIANTS = {ENCRYPTED: "encrypted", NO_CACHE: "no cache"}
 FLOORS = (FLOOR, FLOOR_UNSANDBOXED)
 LABELS = {
     FLOOR: "(a) raw Temporal (floor)",
     FLOOR_UNSANDBOXED: "(a') raw Temporal, sandbox off",
     DURABLY: "(b) durably",
     ENCRYPTED: "(b') durably, encrypted",
+    NO_CACHE: "(b'') durably, no workflow cache",
     OPENAI: "(c) Temporal OpenAI Agents",
     PYDANTIC: "(d) pydantic-ai Temporal",
 }
@@ -244,6 +258,8 @@ class FloorUnsandboxed(Floor):
 class Durably(Implementation):
     key = DURABLY
     codec: EncryptionCodec | None = None
+    # The workflow cache's bound (None: Temporal's default).
+    max_cached_workflows: int | None = None
 
     async def open(self) -> None:
         self.runs: dict[str, RunHandle] = {}
@@ -252,7 +268,10 @@ class Durably(Implementation):
         )
         self.registrations = {n: durably_registration(n, prefix="bench") for n in self.turns}
         self.runtime = await DurableRuntime.open(
-            client=self.durable, agents=list(self.registrations.values()), encryption=self.codec
+            client=self.durable,
+            agents=list(self.registrations.values()),
+            encryption=self.codec,
+            max_cached_workflows=self.max_cached_workflows,
         )
         await self.runtime.resume()
 
@@ -323,6 +342,37 @@ class DurablyEncrypted(Durably):
         await super().open()
 
 
+class DurablyNoCache(Durably):
+    """durably on a worker without a workflow cache: every workflow task replays the run."""
+
+    key = NO_CACHE
+    max_cached_workflows = 0
+
+    async def check(self) -> str:
+        """A 2-turn run's workflow tasks all went to the task queue itself: a worker with a
+        cache asks for its runs' next tasks on a sticky queue of its own, which would mean
+        this one kept the run between tasks."""
+        handle = await self.start(2)
+        if await wait_result(self, handle, 2, limit_s=120) != "ok":
+            raise SystemExit(f"{self.key}: the check run did not complete")
+        (events,) = await fetch_chain(self.env.client, handle.id)
+        kinds = [
+            e.workflow_task_scheduled_event_attributes.task_queue.kind
+            for e in events
+            if e.HasField("workflow_task_scheduled_event_attributes")
+        ]
+        sticky = sum(1 for k in kinds if k != TaskQueueKind.TASK_QUEUE_KIND_NORMAL)
+        if sticky:
+            raise SystemExit(
+                f"{self.key}: {sticky} of a 2-turn run's {len(kinds)} workflow tasks went to a "
+                "sticky queue; the worker keeps a workflow cache"
+            )
+        return (
+            f"{LABELS[self.key]}: all {len(kinds)} workflow tasks of a 2-turn run went to the "
+            "task queue itself, none to a sticky queue (each replayed the run's history)"
+        )
+
+
 class OpenAIAgents(WorkerImplementation):
     key = OPENAI
 
@@ -361,6 +411,7 @@ IMPLEMENTATIONS: dict[str, type[Implementation]] = {
     FLOOR_UNSANDBOXED: FloorUnsandboxed,
     DURABLY: Durably,
     ENCRYPTED: DurablyEncrypted,
+    NO_CACHE: DurablyNoCache,
     OPENAI: OpenAIAgents,
     PYDANTIC: PydanticAI,
 }
@@ -590,8 +641,8 @@ class Results:
     load: list[tuple[str, tuple[float, float, float]]] = field(default_factory=list)
     commit: str = "?"
     elapsed: float = 0.0
-    # What each implementation's `check()` found (the payloads' encodings).
-    checks: list[str] = field(default_factory=list)
+    # What each implementation's `check()` found (the payloads' encodings, the task queues).
+    checks: dict[str, str] = field(default_factory=dict)
 
     def records(self, impl: str, turns: int) -> list[RunRecord]:
         return self.runs.get((impl, turns), [])
@@ -854,22 +905,45 @@ def floors_rows(res: Results) -> tuple[list[str], list[list[str]]]:
 
 
 def encryption_rows(res: Results) -> tuple[list[str], list[list[str]]]:
-    """Encrypted durably (b') against durably (b): wall per turn, costs, history, throughput.
+    """Encrypted durably (b') against durably (b): see `variant_rows`."""
+    return variant_rows(res, ENCRYPTED)
+
+
+def no_cache_rows(res: Results) -> tuple[list[str], list[list[str]]]:
+    """durably without a workflow cache (b'') against durably (b): see `variant_rows`.
+
+    No fixed and per-turn costs: every workflow task replays the whole
+    history, so a turn costs more the longer the run, and a line through two
+    N says nothing.
+    """
+    return variant_rows(res, NO_CACHE, split=False)
+
+
+def variant_rows(
+    res: Results, variant: str, *, split: bool = True
+) -> tuple[list[str], list[list[str]]]:
+    """A variant of durably against durably (b): wall per turn, costs, history, throughput.
 
     As in `floors_rows`, a ratio of wall time or throughput is the median of
-    the rounds' ratios (the two run back to back in each round).
+    the rounds' ratios (the two run back to back in each round). A run that
+    did not complete counts the turns it reached, and says so.
     """
-    if DURABLY not in res.impls or ENCRYPTED not in res.impls:
+    if DURABLY not in res.impls or variant not in res.impls:
         return [], []
-    shown = [DURABLY, ENCRYPTED]
-    header = ["measure", *(LABELS[i] for i in shown), "encrypted / durably"]
+    shown = [DURABLY, variant]
+    header = ["measure", *(LABELS[i] for i in shown), f"{VARIANTS[variant]} / durably"]
     rows = []
-    for n in res.all_turns:
+    for n in sorted(set(res.turns_of(DURABLY)) & set(res.turns_of(variant))):
         row = [f"wall per turn, N={n}"]
-        row += ["-" if (w := res.per_turn(i, n)) is None else f"{w * 1000:.1f} ms" for i in shown]
-        rows.append([*row, fmt_ratio(res.per_turn_ratio(ENCRYPTED, n, DURABLY))])
-    splits = [split for i in shown if (split := res.cost_split(i)) is not None]
-    if len(splits) == len(shown):
+        row += [
+            "-"
+            if (w := res.per_turn(i, n)) is None
+            else f"{w * 1000:.1f} ms" + (f" ({failure})" if (failure := res.failure(i, n)) else "")
+            for i in shown
+        ]
+        rows.append([*row, fmt_ratio(res.per_turn_ratio(variant, n, DURABLY))])
+    splits = [cost for i in shown if (cost := res.cost_split(i)) is not None]
+    if split and len(splits) == len(shown):
         low, high = splits[0].low, splits[0].high
         for label, values in (
             (f"each further turn (N={low} to {high})", [x.per_turn for x in splits]),
@@ -878,14 +952,20 @@ def encryption_rows(res: Results) -> tuple[list[str], list[list[str]]]:
             row = [label, *(f"{v * 1000:.1f} ms" for v in values)]
             rows.append([*row, fmt_ratio(ratio(values[1], values[0]) if min(values) > 0 else None)])
     for n in res.all_turns:
-        sizes = [r.bytes if (r := res.inspected(i, n)) else None for i in shown]
-        if all(x is not None for x in sizes):
-            row = [f"history bytes, N={n}", *(fmt_bytes(x) for x in sizes)]
+        records = [res.inspected(i, n) for i in shown]
+        if all(r is not None and r.bytes is not None for r in records):
+            sizes = [r.bytes if r else None for r in records]
+            row = [f"history bytes, N={n}"]
+            row += [
+                fmt_bytes(r.bytes) + ("" if r.ok else f" (at turn {(r.turns_done or 0) + 1})")
+                for r in records
+                if r is not None
+            ]
             rows.append([*row, fmt_ratio(ratio(sizes[1], sizes[0]))])
     for c in res.concurrency:
         row = [f"throughput, {c} runs of N={res.concurrent_turns}"]
         row += [fmt_rps(res.runs_per_second(i, c)) for i in shown]
-        rows.append([*row, fmt_ratio(res.throughput_ratio(ENCRYPTED, c, DURABLY))])
+        rows.append([*row, fmt_ratio(res.throughput_ratio(variant, c, DURABLY))])
     return header, rows
 
 
@@ -1088,6 +1168,7 @@ def plot(res: Results, path: Path) -> None:
         FLOOR_UNSANDBOXED: "k--",
         DURABLY: "C0-",
         ENCRYPTED: "C2--",
+        NO_CACHE: "C4:",
         OPENAI: "C1-",
         PYDANTIC: "C3-",
     }
@@ -1233,7 +1314,7 @@ smallest N: at N={res.turns[0]} the latter dominates.
         else ""
     )
     e_header, e_rows = encryption_rows(res)
-    checks = "".join(f"\n- {line}" for line in res.checks)
+    checks = "".join(f"\n- {res.checks[k]}" for k in (DURABLY, ENCRYPTED) if k in res.checks)
     encryption_section = (
         f"""
 ### Encrypted durably against durably
@@ -1248,6 +1329,21 @@ stores it), was checked:
 {markdown_table(e_header, e_rows)}
 """
         if e_rows
+        else ""
+    )
+    n_header, n_rows = no_cache_rows(res)
+    no_cache_section = (
+        f"""
+### durably without a workflow cache against durably
+
+(b'') is (b) on a worker opened with `max_cached_workflows=0`: it keeps no run
+between workflow tasks, so every task replays the run's whole history (the
+catch-all against the query race; see `durably._query_guard`), and it takes
+one workflow task at a time. Both run in every round, back to back. {res.checks.get(NO_CACHE, "")}.
+
+{markdown_table(n_header, n_rows)}
+"""
+        if n_rows
         else ""
     )
     mid = 50 if 50 in res.turns else max(res.turns)
@@ -1334,7 +1430,7 @@ each implementation (log scale; a cross marks a run the server terminated).
 ### Throughput
 
 {markdown_table(t_header, t_rows)}
-{floors_section}{encryption_section}
+{floors_section}{encryption_section}{no_cache_section}
 ### Where the time goes at N={mid}
 
 Milliseconds per turn of one run: the time workers held each kind of task
@@ -1368,6 +1464,8 @@ python benchmarks/compare.py --quick --only floor floor-unsandboxed durably
 python benchmarks/compare.py --only durably --turns 500   # one implementation
 python benchmarks/compare.py --only durably durably-encrypted --turns 5 50 --runs 5
                                         # encryption's cost: (b') against (b)
+python benchmarks/compare.py --only durably durably-no-cache --turns 5 50 200 --concurrency 20
+                                        # a worker without a workflow cache: (b'') against (b)
 python benchmarks/compare.py --help
 ```
 
@@ -1425,7 +1523,7 @@ async def benchmark(plan: Plan, log: Callable[[str], None]) -> Results:
                 await run_once(impl, 2, limit_s=120, meter=None, inspect=False)
             for impl in impls.values():
                 if (checked := await impl.check()) is not None:
-                    res.checks.append(checked)
+                    res.checks[impl.key] = checked
                     log(f"  checked {checked}")
             for n in plan.turns:
                 rounds = plan.runs if n < 200 else min(plan.runs, plan.long_runs)
@@ -1502,6 +1600,10 @@ def print_results(res: Results) -> None:
     if e_rows:
         print("\nencrypted durably (b') against durably (b)")
         print(text_table(e_header, e_rows))
+    n_header, n_rows = no_cache_rows(res)
+    if n_rows:
+        print("\ndurably without a workflow cache (b'') against durably (b)")
+        print(text_table(n_header, n_rows))
     for n in res.all_turns:
         header, rows = time_rows(res, n)
         if rows:
@@ -1519,7 +1621,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Plan, bool]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help="N = 5 and 50, 2 runs, 20 at once")
-    parser.add_argument("--only", nargs="+", choices=IMPLS, help="run only these implementations")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=IMPLS,
+        help=f"run only these implementations ({NO_CACHE} runs only when named)",
+    )
     parser.add_argument("--turns", type=int, nargs="+", help="N values (default 5 50 200)")
     parser.add_argument("--runs", type=int, help="runs per N below 200 (default 7)")
     parser.add_argument("--long-runs", type=int, default=5, help="runs per N >= 200 (default 5)")
@@ -1542,7 +1649,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Plan, bool]:
     )
     args = parser.parse_args(argv)
     full = not (args.quick or args.only or args.turns)
-    impls = [i for i in IMPLS if i in (args.only or IMPLS)]
+    impls = [i for i in IMPLS if i in (args.only or DEFAULT_IMPLS)]
     plan = Plan(
         impls=impls,
         turns=sorted(args.turns or ([5, 50] if args.quick else [5, 50, 200])),

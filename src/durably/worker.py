@@ -101,6 +101,7 @@ class DurableRuntime:
         observer_checkpoints: Checkpoints | None = None,
         tracing: bool | TracerProvider = False,
         metrics_bind: str | None = None,
+        max_cached_workflows: int | None = None,
         **worker_options: Any,
     ) -> DurableRuntime:
         """Connect (or use `client`) and register `agents`; executes nothing yet.
@@ -125,14 +126,28 @@ class DurableRuntime:
         (``"127.0.0.1:9464"``) serves Temporal's and durably's metrics for
         Prometheus; it needs durably to connect, so not with `client` (connect
         yours with ``runtime=durably.telemetry.metrics_runtime(...)``). See
-        `durably.telemetry`. Other keywords go to Temporal's `Worker`.
+        `durably.telemetry`. `max_cached_workflows` bounds how many runs the
+        worker keeps in memory between workflow tasks (Temporal's default,
+        1000, when None). With `0` every workflow task replays the run's whole
+        history, so no task's events are ever applied out of turn (the query
+        race, `durably._query_guard`, cannot happen), at a CPU cost that grows
+        with the history's length. Temporal's worker then holds one run at a
+        time, so the worker takes one workflow task at a time
+        (`max_concurrent_workflow_tasks=1`, unless given): the tasks it would
+        take beyond that wait in the worker until they time out. Allowed more,
+        it lets go of a run mid-task for another run's task, and a local
+        activity in flight there (a run's pin) runs again when that task
+        replays, which is safe: durably's only read. Other keywords go to
+        Temporal's `Worker`.
 
         .. versionchanged:: Unreleased
            The `transcript_cache_bytes`, `approval_keys`, `profile`,
-           `strict_versions`, `encryption`, `tracing` and `metrics_bind` keywords.
+           `strict_versions`, `encryption`, `tracing`, `metrics_bind` and
+           `max_cached_workflows` keywords.
         """
         # Checked before connecting: a bad bound should not cost a connection.
         cache = None if transcript_cache_bytes is None else TranscriptCache(transcript_cache_bytes)
+        check_max_cached_workflows(max_cached_workflows, "max_cached_workflows")
         if metrics_bind is not None and client is not None:
             raise ValueError(
                 "metrics_bind needs DurableRuntime.open to connect; a given client keeps its "
@@ -175,6 +190,15 @@ class DurableRuntime:
             "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
             "graceful_shutdown_timeout": graceful_shutdown,
         }
+        if max_cached_workflows is not None:
+            options["max_cached_workflows"] = max_cached_workflows
+        if max_cached_workflows == 0 and not {"max_concurrent_workflow_tasks", "tuner"} & set(
+            worker_options
+        ):
+            # Without a cache Temporal's worker holds one run at a time; tasks it polled
+            # beyond that wait in the worker until the server times them out (10 s each),
+            # where another worker could have taken them.
+            options["max_concurrent_workflow_tasks"] = 1
         options.update(worker_options)
         worker = Worker(
             durable.temporal,
@@ -435,6 +459,22 @@ def _drift_message(drift: Sequence[NeededVersion]) -> str:
     )
 
 
+def check_max_cached_workflows(value: object, spelled: str) -> None:
+    """Refuse a workflow cache bound that is not a count of runs, saying what to pass.
+
+    Temporal's `Worker` refuses a negative or fractional bound with "failed to
+    extract field WorkerConfig.max_cached_workflows", which names neither
+    durably's option nor what to pass, and takes `True` for 1. `spelled` is
+    the option as the caller wrote it (keyword or command-line flag).
+    """
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return
+    raise ValueError(
+        f"{spelled}={value!r}: pass a whole number of runs, 0 or more (0 replays every "
+        "workflow task from history), or leave it unset for Temporal's default"
+    )
+
+
 def load_registrations(spec: str) -> list[AgentRegistration]:
     """Import `module:attr` and return the registrations it names."""
     value: Any = load_attr(spec, "--agents", "myapp.agents:registrations")
@@ -463,17 +503,21 @@ async def run_worker(
     client: DurableClient | None = None,
     encryption: EncryptionCodec | None = None,
     tracing: bool = False,
+    max_cached_workflows: int | None = None,
 ) -> None:
     """Host the registrations at `agents` until `stop` is set (or forever).
 
-    `profile`, `transcript_cache_bytes`, `strict_versions`, `client` and
-    `encryption` are `DurableRuntime.open`'s. `tracing` traces with the tracer
-    provider the `agents` module set, else with OTLP configured by the
-    environment (`durably.telemetry.otlp_tracer_provider`).
+    `profile`, `transcript_cache_bytes`, `strict_versions`, `client`,
+    `encryption` and `max_cached_workflows` are `DurableRuntime.open`'s.
+    `tracing` traces with the tracer provider the `agents` module set, else
+    with OTLP configured by the environment
+    (`durably.telemetry.otlp_tracer_provider`).
 
     .. versionchanged:: Unreleased
-       The `client`, `encryption` and `tracing` keywords.
+       The `client`, `encryption`, `tracing` and `max_cached_workflows` keywords.
     """
+    # Before importing the agents' module: a bad bound should not cost an import.
+    check_max_cached_workflows(max_cached_workflows, "max_cached_workflows")
     registrations = load_registrations(agents)
     # After the agents' module is imported: it may have set a tracer provider.
     exporting = otlp_tracer_provider() if tracing else None
@@ -490,6 +534,7 @@ async def run_worker(
             client=client,
             encryption=encryption,
             tracing=tracing,
+            max_cached_workflows=max_cached_workflows,
         )
     finally:
         if exporting is not None:
@@ -509,6 +554,7 @@ async def _host(
     client: DurableClient | None,
     encryption: EncryptionCodec | None,
     tracing: bool,
+    max_cached_workflows: int | None,
 ) -> None:
     runtime = await DurableRuntime.open(
         target,
@@ -521,6 +567,7 @@ async def _host(
         strict_versions=strict_versions,
         encryption=encryption,
         tracing=tracing,
+        max_cached_workflows=max_cached_workflows,
     )
     await runtime.resume()  # checks the namespace before saying so
     encrypted = runtime.client.temporal.data_converter.payload_codec
@@ -530,6 +577,7 @@ async def _host(
         agents=runtime.registry.describe(),
         encrypted=isinstance(encrypted, EncryptionCodec),
         traced=tracing,
+        max_cached_workflows=runtime.worker.config().get("max_cached_workflows"),
     )
     await runtime.serve(stop or asyncio.Event())
 

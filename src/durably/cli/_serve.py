@@ -132,6 +132,18 @@ async def worker(
     ] = False,
     otel: Otel = False,
     metrics: Metrics = None,
+    max_cached_workflows: Annotated[
+        int | None,
+        typer.Option(
+            "--max-cached-workflows",
+            metavar="N",
+            help="Runs kept in memory between workflow tasks (default: Temporal's, 1000). "
+            "0 replays every task from the run's history: no task's events are ever applied "
+            "out of turn, at a CPU cost growing with history length; the worker then takes "
+            "one workflow task at a time.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Host the agents at `module:attr` until Ctrl-C or SIGTERM, then drain and exit.
 
@@ -142,8 +154,13 @@ async def worker(
     differently is logged (`durably versions --needed` shows the same).
     `--otel` traces runs and `--metrics` serves metrics (`durably.telemetry`).
     """
-    from durably.worker import run_worker
+    from durably.worker import check_max_cached_workflows, run_worker
 
+    try:  # before anything is imported or connected
+        check_max_cached_workflows(max_cached_workflows, "--max-cached-workflows")
+    except ValueError as err:
+        err_console.print(safe(f"error: {err}", style="red"))
+        raise typer.Exit(2) from err
     if encrypt and EncryptionCodec.from_env() is None:
         raise DurablyError(
             f"--encrypt: no encryption key is set. Set {ENV_KEYS} (or {ENV_KEYS_FILE}) to "
@@ -160,6 +177,7 @@ async def worker(
         transcript_cache_bytes=None if cache_mb is None else cache_mb * 2**20,
         strict_versions=strict,
         tracing=otel,
+        max_cached_workflows=max_cached_workflows,
     )
     console.print("Worker stopped.")
 
