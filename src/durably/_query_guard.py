@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import structlog
 from temporalio import workflow
 from temporalio.api.errordetails.v1 import QueryFailedFailure
 from temporalio.bridge.proto.workflow_activation import (
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from temporalio.worker._command_aware_visitor import CommandInfo
 
 __all__ = ["REFUSED", "QueryGuardRunner", "ask"]
+
+_log = structlog.get_logger("durably.worker")
 
 T = TypeVar("T")
 # What a refused query's failure message starts with (durably's client asks again).
@@ -101,6 +104,12 @@ class _GuardedInstance(WorkflowInstance):
             if self._early and any(
                 job.query_workflow.query_id == _LEGACY_QUERY_ID for job in act.jobs
             ):
+                info = self.inner.get_info()
+                _log.info(
+                    "query refused: it came ahead of the run's next workflow task",
+                    run_id=info.workflow_id,
+                    temporal_run_id=info.run_id,
+                )
                 return _refused(act)
             return self.inner.activate(act)
         if "remove_from_cache" not in kinds:
