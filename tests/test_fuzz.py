@@ -1427,6 +1427,37 @@ async def test_rejected_signals_with_huge_payloads_keep_the_snapshot_readable(
     await finish_approval_run(bench, run)
 
 
+async def test_a_forged_repair_signal_changes_nothing_and_never_fails_a_task(
+    bench: Bench,
+) -> None:
+    """`repair` signals to a run that was never reset (from anyone who may signal it):
+    malformed, near 1.9 MB, or well formed with a made-up story. None changes what the
+    run waits for or fails a task: the worker reads what a reset discarded from the
+    server, never from the signal, and finds no reset here."""
+    run, _ = await parked_approval(bench)
+    before = await run.snapshot()
+    forged = [
+        {"responder": "mallory", "reason": "the call already paid bob"},
+        {"responder": "x" * 10_000},
+        {"reason": "y" * 1_900_000},
+        ["not", "an", "object"],
+        None,
+    ]
+    for payload in forged:
+        await bench.raw(run).signal("repair", payload)
+    await bench.settled(run)
+    after = await run.snapshot()
+
+    assert after.status == RunStatus.WAITING
+    assert _interaction(after) == _interaction(before)
+    kinds = {e.type for e in after.events if e.seq > _last_seq(before)}
+    assert kinds == {"signal_rejected"}, [(e.type, e.detail) for e in after.events]
+    assert any("was not reset" in (e.detail or "") for e in after.events)
+    assert all(len(e.detail or "") <= MAX_MESSAGE for e in after.events)
+    await bench.assert_no_failed_task(run)
+    await finish_approval_run(bench, run)
+
+
 async def test_an_interaction_id_longer_than_temporals_id_limit_is_an_invalid_response(
     bench: Bench,
 ) -> None:
