@@ -13,39 +13,24 @@ workflow-task failures by cause from here.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
 
 __all__ = [
-    "Replayed",
     "first_unreplayable_task",
     "replay",
-    "replay_namespace",
-    "replayer",
     "task_failures",
 ]
 
 
-@dataclass(frozen=True)
-class Replayed:
-    """One execution, replayed: `failure` says why it does not replay (None: it does)."""
-
-    workflow_id: str
-    run_id: str
-    failure: str | None
-    # Its workflow tasks that failed, by cause (`WorkflowTaskFailedCause` names).
-    task_failures: Counter[str]
-
-
-def replayer(data_converter: DataConverter) -> Replayer:
+def _replayer(data_converter: DataConverter) -> Replayer:
     """A replayer of durably's workflows, as deployed (outside the sandbox), with no cache."""
     return Replayer(
         workflows=[AgentRunWorkflow, AgentSessionWorkflow],
@@ -56,7 +41,7 @@ def replayer(data_converter: DataConverter) -> Replayer:
 
 async def replay(history: WorkflowHistory, data_converter: DataConverter) -> str | None:
     """Why `history` does not replay (None if it does)."""
-    result = await replayer(data_converter).replay_workflow(history, raise_on_replay_failure=False)
+    result = await _replayer(data_converter).replay_workflow(history, raise_on_replay_failure=False)
     return None if result.replay_failure is None else str(result.replay_failure)
 
 
@@ -70,20 +55,6 @@ def task_failures(events: Sequence[HistoryEvent]) -> Counter[str]:
                 WorkflowTaskFailedCause.Name(cause).removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")
             ] += 1
     return counts
-
-
-async def replay_namespace(client: Client, query: str | None = None) -> AsyncIterator[Replayed]:
-    """Every execution visibility lists (every run of a continue-as-new chain, open, closed
-    or wedged, sessions and children alike), each replayed on its own."""
-    async for execution in client.list_workflows(query):
-        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        history = await handle.fetch_history()
-        yield Replayed(
-            workflow_id=execution.id,
-            run_id=execution.run_id,
-            failure=await replay(history, client.data_converter),
-            task_failures=task_failures(history.events),
-        )
 
 
 async def first_unreplayable_task(
