@@ -34,25 +34,15 @@ from durably.contract import (
     ModelCallResult,
     OperationKey,
     RespondRequest,
-    RetrySpec,
     RunState,
-    ToolPolicy,
 )
 from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, Usage
 from durably.workflows._machine import RequestModel, RunMachine
 from durably.workflows._validation import Rejected
 
+from .test_run_machine import _policy
+
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-
-
-def _policy(recovery: str, **extra: Any) -> ToolPolicy:
-    return ToolPolicy(
-        recovery=recovery,
-        retry=RetrySpec(max_attempts=1),
-        heartbeat_timeout_s=30,
-        start_to_close_s=60,
-        **extra,
-    )
 
 
 PIN = AgentPin(

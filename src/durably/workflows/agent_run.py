@@ -219,6 +219,7 @@ PATCHES: tuple[str, ...] = (
 )
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 # How much of a committed answer a live `model_completed` event carries.
 _LIVE_TEXT_KEPT = 64 * 2**10
 # What a failed operation may raise: an activity's error, or a local activity's own.
@@ -531,11 +532,8 @@ class AgentRunWorkflow:
         """A child run said its status changed (`child_status` signal). A note that came
         with its child's start waits for that start to be known (signals-commute patch):
         on replay the note is applied first."""
-        try:
-            args = tuple(decode_signal(raw) for raw in payload)
-            note = parse_request(ChildStatusNote, args, Handler.CHILD_STATUS)
-        except Rejected as err:
-            self._m.event(EventType.SIGNAL_REJECTED, detail=f"{err.kind}: {err.message}")
+        note = self._read_signal(ChildStatusNote, payload, Handler.CHILD_STATUS)
+        if note is None:
             return
         if self._commute and note.run_id in self._starting.values():
             await workflow.wait_condition(lambda: note.run_id not in self._starting.values())
@@ -1035,6 +1033,17 @@ class AgentRunWorkflow:
         except Rejected as err:
             self._m.event(EventType.RESPONSE_REJECTED, detail=f"{err.kind}: {err.message}")
 
+    def _read_signal(self, model: type[M], payload: Sequence[RawValue], handler: str) -> M | None:
+        """A signal's payload as `model`, or None once a `signal_rejected` event says why
+        not (a signal cannot be refused)."""
+        try:
+            args = tuple(decode_signal(raw) for raw in payload)
+            parsed: M = parse_request(model, args, handler)
+        except Rejected as err:
+            self._m.event(EventType.SIGNAL_REJECTED, detail=f"{err.kind}: {err.message}")
+            return None
+        return parsed
+
     def _signals_commute(self) -> bool:
         """Whether signals are handled as `PATCH_SIGNALS_COMMUTE` says: asked when the run
         handles its first signal (the first thing that signal's activation does, live and
@@ -1049,11 +1058,8 @@ class AgentRunWorkflow:
         operation starts. The signal was sent before the reset, so it is in the new run's
         first task, and signals run first there."""
         workflow.patched(PATCH_REPAIR)
-        try:
-            args = tuple(decode_signal(raw) for raw in payload)
-            request = parse_request(RepairRequest, args, Handler.REPAIR)
-        except Rejected as err:
-            self._m.event(EventType.SIGNAL_REJECTED, detail=f"{err.kind}: {err.message}")
+        request = self._read_signal(RepairRequest, payload, Handler.REPAIR)
+        if request is None:
             return
         self._repairing += 1
         try:
