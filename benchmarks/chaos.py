@@ -3,18 +3,26 @@
 What it does:
 
 - starts its own Temporal dev server (`durably.dev.DevServer`, SQLite file in
-  a temp dir, free ports), its own deduplicating ticket service (HTTP), and N
-  `durably worker` processes hosting `chaos_agents:registrations`;
-- starts `--runs` runs of six scripted agents mixing safe, idempotent and
-  manual tools and a manual tool that needs approval (at most `--in-flight`
-  unfinished at once), in a fixed rotation; one of them (`parallel`) answers
-  several calls at once, two or three of them manual, which durably runs
-  concurrently, so one kill can leave several manual calls of a run blocked;
-  another (`delegate`) hands a task to its subagent `payout` beside a manual
-  call of its own: durably starts `payout`'s run as a child workflow, whose
-  manual transfer, ticket and refund (approval) are journaled like any run's;
-  every other `delegate` run's child finds the payee register down, fails,
-  and parks its parent (`subagent_failed`);
+  a temp dir, free ports), its own deduplicating ticket service (HTTP), an
+  MCP server (`tests/mcp_test_server.py` over streamable HTTP, its lock file
+  written with `durably mcp lock`) and N `durably worker` processes hosting
+  `chaos_agents:registrations`;
+- starts `--runs` runs of every agent kind (`chaos_agents.KINDS`, in a fixed
+  rotation; at most `--in-flight` unfinished at once): single runs of scripted
+  agents mixing safe, idempotent and manual tools and a manual tool that
+  needs approval; `parallel` runs answering several calls at once, two or
+  three of them manual, which durably runs concurrently (one kill can leave
+  several manual calls of a run blocked); `delegate` runs handing a task to
+  the subagent `payout` beside a manual call of their own (a child workflow,
+  journaled like any run; every other one's child finds the payee register
+  down, fails, and parks its parent, `subagent_failed`); sessions
+  (`client.start_session`, then `session.submit` three times: the second
+  while the first run is still open, with `if_busy="enqueue"`, the third once
+  the second completed; then `close()`); `metered` runs, registered with one
+  tool call allowed, which park `budget_exceeded` before each later call; a
+  custom task started with `client.start_task` (manual, approval first); a
+  `clerk` agent owning a task as its child run; and an `archivist` agent
+  calling the MCP server's tools (an idempotent write, then a read-back);
 - a killer SIGKILLs a worker every 3-8 s (1.5-3 s with `--small`), one that
   connected while another did too (a kill of a worker still starting tests
   nothing) and that is not running a model request's last attempt (durably
@@ -27,19 +35,21 @@ What it does:
   running: the report says whether they kept running);
 - an operator answers approvals through the `respond_signal` signal (about
   one in seven is denied; several pending at once go as one list, all or
-  none), whatever else the run waits for, and reconciles each of the
-  snapshot's `blocked_operations` (`needs_attention`, reason
+  none), whatever else the run waits for, raises the limit of a run parked
+  `budget_exceeded` by one tool call (`raise_limits`), and reconciles each
+  of the snapshot's `blocked_operations` (`needs_attention`, reason
   `tool_interrupted`) against the journal, one at a time: an `effect` line
   -> `resolve_tool` with the journaled result; no effect, and the process
   that ran the call (the worker identity in the run's history) is dead or
   wrote `aborted` -> `{"type": "rerun"}`; anything else -> leave it blocked
   and look again later. A run that fails is retried, and counted as a
-  violation: killed workers must never fail a run. Child runs are runs of
-  their own: the operator finds them in the run list (by their agent id) and
-  from their parent's snapshot (`children`, and the `subagent_failed`
-  attention's `child_run_id`), and handles them by their own run id, as any
-  run; a child that failed because the payee register is down (on purpose)
-  gets the register fixed and `retry()`, and its parent goes on by itself.
+  violation: killed workers must never fail a run. Child runs (subagents'
+  and tasks') are runs of their own: the operator finds them in the run list
+  (by their agent id) and from their parent's snapshot (`children`, and the
+  `subagent_failed` attention's `child_run_id`), and handles them by their
+  own run id, as any run; a child that failed because the payee register is
+  down (on purpose) gets the register fixed and `retry()`, and its parent
+  goes on by itself. Runs of a session are found in the run list like any.
 
 The soak ends when every run completed, or, its unfinished runs lost, once no
 run made progress for a while (a wedged run looks like that, on any machine)
@@ -47,22 +57,28 @@ or after a generous cap. Workers keep their workflow cache (the default) and
 the operator polls snapshots by query: together they produced the query race
 (issue 26), which wedged runs for good while every outcome looked right.
 
-Afterwards it checks, against the tools' journals, the ticket service and the
-runs' histories and outputs: no run lost, no duplicate effect of the
-idempotent tool, no manual call executed twice (beyond the reruns the
-operator asked for after proving no effect: read from every execution's
-history, plus those whose confirmation never reached the operator, which may
-still have been applied), every interrupted manual call was resolved while
-its run was `needs_attention`, no denied call ran, every output agrees with
-the journal, holds a result for every call of its agent's script and was
-built from a transcript with each call's result, once, in the model's call
-order, and every run completed; and for each delegating run: exactly one
-child workflow per subagent call (listed by id prefix `{run}/`), completed,
-its output the call's result in the parent's output, and its usage in the
-parent's. Then it replays every execution the namespace holds (visibility's
-list, and every run of the chain of each workflow id the soak started or
-found), each in a fresh replayer with the client's data converter, and
-counts the workflow tasks that failed, by cause:
+Afterwards it checks, against the tools' journals, the ticket service, the
+MCP server's log and the runs' histories and outputs: no run lost, no
+duplicate effect of an idempotent tool (tickets, the MCP write), no manual
+call executed twice (beyond the reruns the operator asked for after proving
+no effect: read from every execution's history, plus those whose
+confirmation never reached the operator, which may still have been applied),
+every interrupted manual call was resolved while its run was
+`needs_attention`, no denied call ran, every output agrees with the journal,
+holds a result for every call of its agent's script and was built from a
+transcript with each call's result, once, in the model's call order, and
+every run completed; for each delegating run (a subagent or a task owned):
+exactly one child workflow per call (listed by id prefix `{run}/`),
+completed, its output the call's result in the parent's output, and its
+usage in the parent's; for each session: closed, its runs exactly its
+submissions in order (each accepted once, the second queued behind the
+first), each run having read every earlier message; for each `metered` run:
+parked on its limit and raised, no tool call started before the raise it
+needed; for each task run: its output the journaled result. Then it replays
+every execution the namespace holds (visibility's list, and every run of the
+chain of each workflow id the soak started or found), each in a fresh
+replayer with the client's data converter, and counts the workflow tasks
+that failed, by cause:
 
     histories replayed: N, replay failures: 0
     workflow task failures: 0
@@ -71,8 +87,8 @@ It prints the counts and exits 1 on any violation, printing the first
 nondeterminism error and the temp directory it kept.
 
 Run: ``python benchmarks/chaos.py [--runs 300] [--workers 3] [--small] [--keep]``
-(``--small``: 60 runs, ten of each agent, at most 20 in flight, for CI; ``--no-model-retry``
-registers the agents without `model_retry`, durably's default).
+(``--small``: 60 runs of every kind, at most 20 in flight, for CI;
+``--no-model-retry`` registers the agents without `model_retry`, durably's default).
 """
 
 from __future__ import annotations
@@ -81,6 +97,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -109,14 +126,24 @@ from temporalio.converter import DataConverter
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 
-from durably import DurableClient, RunHandle, RunStatus
+from durably import DurableClient, RunHandle, RunStatus, SessionHandle
 from durably._replay import replay, task_failures
-from durably.contract import RespondRequest, RunResult, RunSnapshot
+from durably.contract import (
+    BudgetExceeded,
+    IfBusy,
+    RespondRequest,
+    RunResult,
+    RunSnapshot,
+    SessionSnapshot,
+)
 from durably.dev import DevServer, die_with_parent, signal_group
 from durably.errors import DurableConflictError, DurablyError, InvalidResponseError
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# The MCP server the `archivist` agent calls: the tests' own (records each call's
+# operation id, applies a write once per operation id).
+MCP_TEST_SERVER = HERE.parent / "tests" / "mcp_test_server.py"
 
 import chaos_agents  # noqa: E402
 
@@ -143,7 +170,7 @@ class Size:
 
 def size_from(args: argparse.Namespace) -> Size:
     if args.small:
-        runs = args.runs or 10 * len(chaos_agents.AGENT_IDS)
+        runs = args.runs or 60
         return Size(runs, args.workers, args.in_flight or 20, (1.5, 3.0), 0.3, 90.0, 420.0)
     runs = args.runs or 300
     cap = max(600.0, runs * 3.0)
@@ -223,6 +250,99 @@ class TicketService:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# -- the MCP server --------------------------------------------------------------------
+
+
+class McpServer:
+    """`tests/mcp_test_server.py` over streamable HTTP, one process for every worker.
+
+    Over HTTP the server outlives the workers the killer SIGKILLs (a stdio server
+    would be each worker's child, started again with every worker), so its log is
+    the journal of every call: one line per call with its operation id, and whether
+    the write was applied (once per operation id). Its lock file is written with
+    `durably mcp lock`, as a user would, before any worker starts.
+    """
+
+    def __init__(self, tmp: Path) -> None:
+        self.directory = tmp / "mcp"
+        self.directory.mkdir()
+        self.port = free_ports(1)[0]
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.log = self.directory / "server.jsonl"
+        self.lock = self.directory / "records.lock.json"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.offset = 0
+        self.lines: list[dict[str, Any]] = []
+
+    def spawn(self) -> None:
+        """The server's process, in a process group of its own."""
+        with (self.directory / "server.out").open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(MCP_TEST_SERVER)],
+                env={
+                    **os.environ,
+                    "PYTHONUNBUFFERED": "1",
+                    "MCP_TEST_HTTP_PORT": str(self.port),
+                    "MCP_TEST_LOG": str(self.log),
+                    "MCP_TEST_STATE": str(self.directory / "state.json"),
+                },
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGKILL),
+            )
+
+    async def start(self, env: dict[str, str]) -> None:
+        """Start the server, wait until it accepts connections, and lock its tools."""
+        self.spawn()
+        assert self.proc is not None
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the MCP test server did not start; see {self.directory / 'server.out'}"
+                    ) from None
+                await asyncio.sleep(0.1)  # nothing to await: the port opens when it opens
+                continue
+            writer.close()
+            break
+        locking = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "durably",
+            "mcp",
+            "lock",
+            "chaos_agents:registrations",
+            cwd=HERE,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        said, _ = await locking.communicate()
+        if locking.returncode != 0 or not self.lock.exists():
+            raise RuntimeError(f"durably mcp lock failed: {said.decode(errors='replace')}")
+
+    def refresh(self) -> list[dict[str, Any]]:
+        """The server's log, read incrementally (complete lines only)."""
+        if self.log.exists():
+            with self.log.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self.offset += end
+            self.lines += [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        return self.lines
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
 
 
 # -- the journal -----------------------------------------------------------------------
@@ -549,6 +669,25 @@ def decisions_in(workflow_id: str, events: Iterable[HistoryEvent]) -> dict[str, 
     return found
 
 
+def submissions_in(events: Iterable[HistoryEvent]) -> dict[str, tuple[str, bool | None]]:
+    """A session execution's accepted `submit` updates: update id -> (the submitted text,
+    whether the session queued it behind an open run; None until it answered)."""
+    found: dict[str, tuple[str, bool | None]] = {}
+    for event in events:
+        if event.HasField("workflow_execution_update_accepted_event_attributes"):
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name == "submit":
+                body = json.loads(request.input.args.payloads[0].data)
+                found[request.meta.update_id] = (str(body["input"]), None)
+        elif event.HasField("workflow_execution_update_completed_event_attributes"):
+            completed = event.workflow_execution_update_completed_event_attributes
+            update_id = completed.meta.update_id
+            if update_id in found and completed.outcome.HasField("success"):
+                answer = json.loads(completed.outcome.success.payloads[0].data)
+                found[update_id] = (found[update_id][0], bool(answer.get("queued")))
+    return found
+
+
 # -- the soak ---------------------------------------------------------------------------
 
 
@@ -579,6 +718,7 @@ class Tally:
     failed_errors: list[str] = field(default_factory=list)
     unresolved_waits: int = 0  # checks that could not prove anything yet
     killed_at: dict[int, float] = field(default_factory=dict)  # pid -> soak time of the kill
+    killed_wall: dict[int, float] = field(default_factory=dict)  # pid -> time.time() then
     most_blocked: Counter[str] = field(default_factory=Counter)  # run -> most blocked at once
     most_pending: Counter[str] = field(default_factory=Counter)  # run -> most pending at once
     batch_signals: int = 0  # signals that answered several interactions at once
@@ -590,6 +730,17 @@ class Tally:
     children_from_parent: set[str] = field(default_factory=set)  # parent's children
     parents_parked: set[str] = field(default_factory=set)  # seen with subagent_failed
     children_fixed: Counter[str] = field(default_factory=Counter)  # child -> register fixes
+    # Limits: runs seen parked `budget_exceeded`, raises the run confirmed, raises it
+    # refused (the run had moved on), raises whose answer never came back.
+    parked_on_limit: Counter[str] = field(default_factory=Counter)  # run -> times seen
+    raised: Counter[str] = field(default_factory=Counter)  # run -> raises confirmed
+    raise_refused: int = 0
+    raise_unconfirmed: int = 0
+    # Sessions: submissions retried after an answer that never came (found applied, or
+    # sent again), and refusals as busy the driver waited out.
+    submit_retries: int = 0
+    submit_found_applied: int = 0
+    submit_busy_waits: int = 0
 
 
 class Soak:
@@ -600,6 +751,7 @@ class Soak:
         self.journal_dir.mkdir()
         self.journal = Journal(self.journal_dir)
         self.tickets = TicketService()
+        self.mcp = McpServer(tmp)
         ports = free_ports(2)
         self.server = DevServer(
             db=tmp / "temporal.db", port=ports[0], ui_port=ports[1], log_path=tmp / "server.log"
@@ -608,14 +760,25 @@ class Soak:
             **os.environ,
             "CHAOS_JOURNAL_DIR": str(self.journal_dir),
             "CHAOS_DEDUP_URL": self.tickets.url,
+            "CHAOS_MCP_URL": self.mcp.url,
+            "CHAOS_MCP_LOCK": str(self.mcp.lock),
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
             ),
         }
+        self.env = env
         self.workers = Workers(size.workers, self.server.address, tmp, env)
         self.client: DurableClient | None = None
         self.run_ids: list[str] = []
         self.agent_of: dict[str, str] = {}  # run id -> agent id (children too, in verify)
+        self.kind_of: dict[str, str] = {}  # run id -> the kind of work it belongs to
+        # Sessions: session id -> its submissions' inputs and run ids, in order; each
+        # session run -> (session id, submission number, from 1).
+        self.sessions: dict[str, list[tuple[str, str]]] = {}
+        self.session_of: dict[str, tuple[str, int]] = {}
+        self.sessions_closed: set[str] = set()
+        self.promised = 0  # submissions of started sessions not made yet
+        self.session_tasks: set[asyncio.Task[None]] = set()
         self.flaky: set[str] = set()  # delegating runs whose child finds the register down
         self.completed: set[str] = set()
         # What the killer's look-ups found: runs closed, child runs started.
@@ -654,6 +817,7 @@ class Soak:
         )
         try:
             self.client = DurableClient(await self.server.start(), task_queue=TASK_QUEUE)
+            await self.mcp.start(self.env)
             self.workers.start_all()
             self.started_at = time.monotonic()
             tasks = [
@@ -675,6 +839,7 @@ class Soak:
             soak_s = self.elapsed()
             log(f"the soak ended after {soak_s:.0f} s: {self.ended}")
             self.soak_over.set()
+            tasks += self.session_tasks
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -688,6 +853,7 @@ class Soak:
             self.workers.stop_all()
             await self.server.stop()
             self.tickets.close()
+            self.mcp.stop()
 
     async def guarded(self, work: Awaitable[None]) -> None:
         """Run one of the soak's tasks; a crash in the driver ends the soak as a violation."""
@@ -716,31 +882,133 @@ class Soak:
 
     # -- drivers ------------------------------------------------------------------------
 
+    def in_flight(self) -> int:
+        """Runs started and not completed, and submissions sessions will still make."""
+        return len(self.run_ids) + self.promised - len(self.completed)
+
     async def starter(self) -> None:
+        """Start the work of `plan(runs)`, one piece at a time, keeping at most `in_flight`
+        runs unfinished (a session counts its submissions from its start)."""
         delegating = 0
-        for i in range(self.size.runs):
-            while len(self.run_ids) - len(self.completed) >= self.size.in_flight:
+        for i, kind in enumerate(plan(self.size.runs)):
+            size = chaos_agents.SESSION_SUBMISSIONS if kind == "session" else 1
+            while self.in_flight() + size > max(self.size.in_flight, size):
                 await self.tick.wait()
-            agent_id = chaos_agents.AGENT_IDS[i % len(chaos_agents.AGENT_IDS)]
-            run_id = f"chaos-{i:04d}-{agent_id}"
-            task = f"chaos run {run_id}"
-            if chaos_agents.SUBAGENTS.get(agent_id):
+            name = f"chaos-{i:04d}-{kind}"
+            if kind == "session":
+                self.promised += size
+                task = asyncio.create_task(self.guarded(self.converse(name)))
+                self.session_tasks.add(task)
+                task.add_done_callback(self.session_tasks.discard)
+                continue
+            text = f"chaos run {name}"
+            if chaos_agents.SUBAGENTS.get(kind):
                 delegating += 1
                 if delegating % 2 == 0:  # every other one: its child fails until fixed
-                    task += f" {chaos_agents.FLAKY_PAYEE}"
-                    self.flaky.add(run_id)
+                    text += f" {chaos_agents.FLAKY_PAYEE}"
+                    self.flaky.add(name)
 
-            async def start(
-                agent_id: str = agent_id, run_id: str = run_id, task: str = task
-            ) -> None:
+            async def start(kind: str = kind, run_id: str = name, text: str = text) -> None:
                 assert self.client is not None
                 # A conflict: an earlier try started it, and its answer was lost.
                 with contextlib.suppress(DurableConflictError):
-                    await self.client.start_run(agent_id, task, run_id=run_id)
+                    if kind in chaos_agents.TASKS:
+                        invoice = {"invoice": f"INV-{run_id}", "amount_cents": 1200}
+                        await self.client.start_task(kind, invoice, run_id=run_id)
+                    else:
+                        await self.client.start_run(kind, text, run_id=run_id)
 
-            await self.retrying(f"start {run_id}", start)
+            await self.retrying(f"start {name}", start)
+            self.run_ids.append(name)
+            self.agent_of[name] = kind
+            self.kind_of[name] = kind
+
+    # -- sessions ---------------------------------------------------------------------
+
+    async def converse(self, session_id: str) -> None:
+        """One session: start it, submit its first message, the second at once (the first
+        run still open: `if_busy="enqueue"`), the third once the second completed (the
+        session is free then: a plain submission), then close it once that completed."""
+        agent = chaos_agents.SESSION_AGENT
+        texts = [
+            f"chaos session {session_id}, message {n}"
+            for n in range(1, chaos_agents.SESSION_SUBMISSIONS + 1)
+        ]
+        self.sessions[session_id] = []
+
+        async def start() -> None:
+            assert self.client is not None
+            with contextlib.suppress(DurableConflictError):  # an earlier try started it
+                await self.client.start_session(agent, session_id=session_id)
+
+        await self.retrying(f"start session {session_id}", start)
+        run_id = ""
+        for n, text in enumerate(texts, start=1):
+            if n > 2:
+                await self.until_completed(run_id)
+            run_id = await self.submit(session_id, text, "enqueue" if n == 2 else "reject")
+            self.sessions[session_id].append((text, run_id))
+            self.session_of[run_id] = (session_id, n)
+            self.agent_of[run_id] = agent
+            self.kind_of[run_id] = "session"
             self.run_ids.append(run_id)
-            self.agent_of[run_id] = agent_id
+            self.promised -= 1
+        await self.until_completed(run_id)
+
+        async def close() -> None:
+            assert self.client is not None
+            session = await self.client.get_session(session_id)
+            with contextlib.suppress(DurableConflictError):  # an earlier try closed it
+                await session.close()
+
+        await self.retrying(f"close session {session_id}", close)
+
+        async def ended() -> None:
+            """The session's workflow closes once it took its last run's messages."""
+            await self.temporal.get_workflow_handle(session_id).result()
+
+        await self.retrying(f"the end of session {session_id}", ended)
+        self.sessions_closed.add(session_id)
+
+    async def until_completed(self, run_id: str) -> None:
+        while run_id not in self.completed:
+            await self.tick.wait()
+
+    async def submit(self, session_id: str, text: str, if_busy: IfBusy) -> str:
+        """Submit `text` once: an answer that never came back (the server restarting) may
+        hide an accepted submission, so the session is asked first before trying again.
+        A refusal as busy (the session has not yet taken the closed run's messages, or the
+        previous run is not done) is waited out."""
+        client = self.client
+        assert client is not None
+        session: SessionHandle = await self.retrying(
+            f"session {session_id}", lambda: client.get_session(session_id)
+        )
+        asked = False
+        while True:
+            if asked:
+                snap: SessionSnapshot = await self.retrying(
+                    f"snapshot {session_id}", session.snapshot
+                )
+                found = next((r.run_id for r in snap.runs if r.input == text), None)
+                if found is not None:
+                    self.tally.submit_found_applied += 1
+                    return found
+                self.tally.submit_retries += 1
+            asked = True
+            try:
+                run = await session.submit(text, if_busy=if_busy)
+                return run.run_id
+            except DurableConflictError as err:
+                if "is closed" in str(err):
+                    raise
+                self.tally.submit_busy_waits += 1
+                await self.tick.wait()
+            except RPC_ERRORS as err:
+                if self.elapsed() > self.size.cap_s + 60:
+                    raise
+                log(f"submit to {session_id}: {type(err).__name__}: {err}; looking again")
+                await asyncio.sleep(0.5)
 
     async def watcher(self) -> None:
         """Notice completed runs (visibility) and progress; end the soak when every run
@@ -758,8 +1026,10 @@ class Soak:
             if (marker := self.progress_marker()) != seen:
                 seen, self.last_progress = marker, self.elapsed()
             stalled = self.elapsed() - self.last_progress
-            if len(self.run_ids) == self.size.runs and len(self.completed) == self.size.runs:
-                self.ended = "every run completed"
+            started_all = len(self.run_ids) == self.size.runs and not self.promised
+            closed_all = len(self.sessions_closed) == len(self.sessions)
+            if started_all and len(self.completed) == self.size.runs and closed_all:
+                self.ended = "every run completed, every session closed"
             elif stalled > self.size.stall_s:
                 self.ended = f"no run made progress for {stalled:.0f} s, runs unfinished"
             elif self.elapsed() > self.size.cap_s:
@@ -772,17 +1042,21 @@ class Soak:
 
     def progress_marker(self) -> tuple[int, ...]:
         """What changes when any run moves forward: runs started and completed, tool calls
-        journaled, interrupted calls resolved, approvals answered, children mended. Not the
-        operator's looks or repeated signals: a wedged run gets those forever."""
+        journaled (ours and the MCP server's), interrupted calls resolved, approvals
+        answered, limits raised, children mended, sessions closed. Not the operator's
+        looks or repeated signals: a wedged run gets those forever."""
         self.journal.refresh()
         t = self.tally
         return (
             len(self.run_ids),
             len(self.completed),
             len(self.journal.entries),
+            len(self.mcp.refresh()),
             sum(len(kinds) for kinds in t.decided.values()),
             len(t.approved),
+            sum(t.raised.values()),
             sum(t.children_fixed.values()),
+            len(self.sessions_closed),
         )
 
     async def progress(self) -> None:
@@ -793,7 +1067,9 @@ class Soak:
                 f"t={self.elapsed():.0f}s started={len(self.run_ids)} "
                 f"completed={len(self.completed)} kills={t.kills} "
                 f"restarts={t.server_restarts} attention={len(t.attention)} "
-                f"approvals={len(t.approved)} failed_retries={sum(t.failed_retried.values())}"
+                f"approvals={len(t.approved)} raises={sum(t.raised.values())} "
+                f"sessions closed={len(self.sessions_closed)}/{len(self.sessions)} "
+                f"failed_retries={sum(t.failed_retried.values())}"
             )
 
     async def killer(self) -> None:
@@ -824,6 +1100,7 @@ class Soak:
                 self.tally.kills += 1
                 self.tally.kills_mid_manual += slot in mid_manual
                 self.tally.killed_at[pid] = self.elapsed()
+                self.tally.killed_wall[pid] = time.time()
                 what = "inside a manual call" if slot in mid_manual else "at random"
                 if slot in mid_several:
                     what = "inside several manual calls of one run"
@@ -1037,6 +1314,9 @@ class Soak:
                 if child_id:
                     self.found_child(child_id, run_id)
                     self.spawn(child_id)
+            elif reason == "budget_exceeded" and isinstance(snap.attention, BudgetExceeded):
+                await self.raise_limit(run, snap.attention)
+                return
             elif reason != "tool_interrupted" or not snap.blocked_operations:
                 t.other_attention[run_id] = reason
                 await run.retry()
@@ -1065,6 +1345,24 @@ class Soak:
             t.failed_errors.append(f"{run_id}: {snap.failed_operations} {snap.error}")
             log(f"run {run_id} failed ({snap.failed_operations}: {snap.error}); retrying it")
             await run.retry()
+
+    async def raise_limit(self, run: RunHandle, parked: BudgetExceeded) -> None:
+        """Allow one more of what the run ran out of (`raise_limits`): a `metered` run
+        parks before each tool call after its first, and goes on once raised."""
+        t = self.tally
+        t.parked_on_limit[run.run_id] += 1
+        value = math.floor(parked.used) + 1
+        try:
+            await run.raise_limits({parked.limit: value}, responder=OPERATOR)
+        except (DurableConflictError, InvalidResponseError) as err:
+            t.raise_refused += 1  # the snapshot ran ahead, or the run moved on: look again
+            log(f"operator on {run.run_id}: raise_limits refused: {err}")
+            return
+        except BaseException:
+            t.raise_unconfirmed += 1
+            raise
+        t.raised[run.run_id] += 1
+        log(f"raised {run.run_id}'s {parked.limit} to {value} (used {parked.used:g})")
 
     def register_down(self, snap: RunSnapshot) -> bool:
         """A child run failed on purpose: only its payee checks failed, the register
@@ -1247,7 +1545,8 @@ class Soak:
 
     async def verify(self, soak_s: float) -> int:
         gate = asyncio.Semaphore(16)
-        outputs: dict[str, dict[str, Any]] = {}
+        outputs: dict[str, dict[str, Any]] = {}  # scripted agents' outputs, parsed
+        task_outputs: dict[str, str] = {}  # task runs' outputs (the task's result)
         statuses: dict[str, str] = {}
         results: dict[str, RunResult] = {}
         first_run: dict[str, str] = {}  # run id -> its chain's first Temporal run id
@@ -1275,7 +1574,10 @@ class Soak:
                 statuses[run_id] = "completed"
                 result: RunResult = await self.retrying(f"result {run_id}", handle.result)
                 results[run_id] = result
-                outputs[run_id] = json.loads(result.output or "{}")
+                if self.agent_of.get(run_id) in chaos_agents.TASKS:
+                    task_outputs[run_id] = result.output or ""
+                else:
+                    outputs[run_id] = json.loads(result.output or "{}")
 
         async def list_children(run_id: str) -> None:
             """Every workflow in the namespace whose id starts with `{run_id}/`."""
@@ -1289,8 +1591,9 @@ class Soak:
 
         await asyncio.gather(*(inspect(r) for r in self.run_ids))
         await asyncio.gather(*(list_children(r) for r in self.run_ids))
-        # The child runs: the one each subagent call should have started (its id is the
-        # call's operation id), and whatever else the namespace holds under a run's id.
+        # The child runs: the one each subagent or task call should have started (its id
+        # is the call's operation id), and whatever else the namespace holds under a
+        # run's id.
         children: dict[str, str] = {}  # child run id -> parent run id
         for run_id in self.run_ids:
             calls = subagent_calls(self.agent_of[run_id])
@@ -1304,33 +1607,71 @@ class Soak:
             self.agent_of[child_id] = subagent_calls(self.agent_of[parent_id]).get(key, "?")
         await asyncio.gather(*(inspect(c) for c in children))
         parent_named: dict[str, str | None] = {}  # child -> its snapshot's parent_run_id
+        snapshots: dict[str, RunSnapshot] = {}  # completed `metered` runs
 
-        async def parent_of(child_id: str) -> None:
+        async def snapshot(run_id: str) -> None:
             async with gate:
-                run = RunHandle(self.temporal, child_id)
-                snap = await self.retrying(f"snapshot {child_id}", run.snapshot)
-                parent_named[child_id] = snap.parent_run_id
+                run = RunHandle(self.temporal, run_id)
+                snapshots[run_id] = await self.retrying(f"snapshot {run_id}", run.snapshot)
+                parent_named[run_id] = snapshots[run_id].parent_run_id
 
-        await asyncio.gather(*(parent_of(c) for c in children if statuses[c] == "completed"))
+        metered = [r for r in self.run_ids if self.agent_of[r] == chaos_agents.METERED]
+        await asyncio.gather(
+            *(snapshot(r) for r in [*children, *metered] if statuses.get(r) == "completed")
+        )
         delegation = Delegation(children, listed, results, first_run, parent_named)
+        sessions = await self.session_states()
         t = self.tally
-        known = {*self.run_ids, *children, *self.children, *t.child_parent}
+        known = {*self.run_ids, *children, *self.children, *t.child_parent, *self.sessions}
         known |= t.children_from_list
         executions = await self.executions(known)
         log(f"replaying {len(executions)} executions")
         check = await check_histories(executions, self.temporal.data_converter)
         # The operator's decisions, from every execution's history (a run that did not
-        # complete, or was reset, holds decisions too).
+        # complete, or was reset, holds decisions too); the sessions' submissions.
         decisions: dict[tuple[str, str], tuple[str, str]] = {}
+        submissions: defaultdict[str, dict[str, tuple[str, bool | None]]] = defaultdict(dict)
         for workflow_id, _, history in executions:
             for update_id, decision in decisions_in(workflow_id, history.events).items():
                 decisions[(workflow_id, update_id)] = decision
+            if workflow_id in self.sessions:
+                submissions[workflow_id].update(submissions_in(history.events))
         resolutions: defaultdict[str, list[str]] = defaultdict(list)  # op -> types
         for op, kind in decisions.values():
             resolutions[op].append(kind)
+        timeouts = heartbeat_timeouts(history.events for _, _, history in executions)
         # Read last: a run that completed during the checks journaled its calls before.
         self.journal.refresh()
-        return self.report(soak_s, outputs, statuses, resolutions, delegation, check)
+        self.mcp.refresh()
+        found = Found(
+            outputs, task_outputs, statuses, resolutions, delegation, snapshots, sessions,
+            submissions, timeouts,
+        )  # fmt: skip
+        return self.report(soak_s, found, check)
+
+    async def session_states(self) -> dict[str, tuple[str, SessionSnapshot | None]]:
+        """Each session's workflow status and snapshot (None if it could not be read)."""
+        gate = asyncio.Semaphore(16)
+        states: dict[str, tuple[str, SessionSnapshot | None]] = {}
+
+        async def state(session_id: str) -> None:
+            handle = self.temporal.get_workflow_handle(session_id)
+            async with gate:
+                try:
+                    desc = await self.retrying(f"describe {session_id}", handle.describe)
+                except RPCError as err:
+                    states[session_id] = (f"not found ({err})", None)
+                    return
+                status = desc.status.name if desc.status else "unknown"
+                snap: SessionSnapshot | None = None
+                with contextlib.suppress(*RPC_ERRORS):
+                    assert self.client is not None
+                    session = await self.client.get_session(session_id)
+                    snap = await self.retrying(f"snapshot {session_id}", session.snapshot)
+                states[session_id] = (status, snap)
+
+        await asyncio.gather(*(state(s) for s in self.sessions))
+        return states
 
     async def executions(self, known: Iterable[str]) -> list[tuple[str, str, WorkflowHistory]]:
         """Every execution the namespace holds, once each, by (workflow id, run id): what
@@ -1369,16 +1710,176 @@ class Soak:
         await asyncio.gather(*(history(*e) for e in set(listed) - set(histories)))
         return [(w, r, h) for (w, r), h in sorted(histories.items())]
 
-    def report(
-        self,
-        soak_s: float,
-        outputs: dict[str, dict[str, Any]],
-        statuses: dict[str, str],
-        resolutions: dict[str, list[str]],
-        delegation: Delegation,
-        check: HistoryCheck,
-    ) -> int:
+    def submission(self, run_id: str) -> int:
+        """Which submission of its session a run is (1 for a run outside a session)."""
+        return self.session_of.get(run_id, ("", 1))[1]
+
+    def check_sessions(self, found: Found, problems: list[str]) -> list[tuple[str, Any]]:
+        """Each session closed, its runs exactly its submissions in order (each accepted
+        once, all completed), and each run having read every earlier message of the
+        session; and how many second submissions the session queued behind the first run
+        (it may have completed already: a count, not a check)."""
+        wrong_runs = twice = unread = queued = 0
+        closed = 0
+        for session_id, made in self.sessions.items():
+            status, snap = found.sessions.get(session_id, ("unknown", None))
+            texts = [text for text, _ in made]
+            if status == "COMPLETED" and session_id in self.sessions_closed:
+                closed += 1
+            else:
+                problems.append(f"session {session_id} not closed: {status}")
+            if len(made) != chaos_agents.SESSION_SUBMISSIONS:
+                problems.append(f"session {session_id}: {len(made)} submissions made")
+            shown = [(r.input, r.run_id, r.status) for r in snap.runs] if snap else None
+            if shown != [(text, run_id, "completed") for text, run_id in made]:
+                wrong_runs += 1
+                problems.append(f"session {session_id}: its runs are {shown}, made {made}")
+            accepted = list(found.submissions.get(session_id, {}).values())
+            inputs = Counter(text for text, _ in accepted)
+            if sorted(inputs) != sorted(texts) or any(n > 1 for n in inputs.values()):
+                twice += 1
+                problems.append(f"session {session_id}: submissions accepted {dict(inputs)}")
+            queued += any(q for text, q in accepted if len(texts) > 1 and text == texts[1])
+            for n, (_, run_id) in enumerate(made, start=1):
+                answer = found.outputs.get(run_id)
+                if answer is None:
+                    continue  # not completed: counted as lost
+                read = (answer.get("earlier"), answer.get("earlier_answers"))
+                if read != (texts[: n - 1], n - 1):
+                    unread += 1
+                    problems.append(
+                        f"{run_id}: read {read} of its session, not {(texts[: n - 1], n - 1)}"
+                    )
+        return [
+            ("sessions", len(self.sessions)),
+            ("sessions closed", closed),
+            ("session runs", sum(len(made) for made in self.sessions.values())),
+            ("sessions whose runs are not their submissions, in order, completed", wrong_runs),
+            ("sessions with a submission accepted twice or not at all", twice),
+            ("submissions queued behind an open run (if_busy=enqueue)", queued),
+            ("session runs that did not read every earlier message", unread),
+            ("  submissions asked again after an answer was lost", self.tally.submit_retries),
+            ("  of which found accepted already", self.tally.submit_found_applied),
+            ("  submissions refused as busy, waited out", self.tally.submit_busy_waits),
+        ]
+
+    def check_metered(
+        self, found: Found, ops: dict[str, list[dict[str, Any]]], problems: list[str]
+    ) -> list[tuple[str, Any]]:
+        """Each completed `metered` run parked on its limit and was raised before each
+        call after its first, and no such call started before the raise it needed (its
+        first journaled start after the run's `limits_raised` event)."""
+        early = parked = 0
+        raises = 0
+        metered = [r for r in self.run_ids if self.agent_of[r] == chaos_agents.METERED]
+        for run_id in metered:
+            snap = found.snapshots.get(run_id)
+            if snap is None:
+                continue  # not completed: counted as lost
+            raised = sorted(e.at.timestamp() for e in snap.events if e.type == "limits_raised")
+            raises += len(raised)
+            needed = len(chaos_agents.SCRIPTS[chaos_agents.METERED]) - 1
+            parked += len(raised) >= needed
+            if len(raised) < needed:
+                problems.append(f"{run_id}: {len(raised)} limit raises, its calls need {needed}")
+            for turn, key in enumerate(expected_keys(chaos_agents.METERED), start=1):
+                starts = [e["t"] for e in ops.get(f"{run_id}/{key}", []) if e["ev"] == "start"]
+                if (
+                    turn > 1
+                    and starts
+                    and (len(raised) < turn - 1 or min(starts) < raised[turn - 2])
+                ):
+                    early += 1
+                    problems.append(f"{run_id}/{key}: started before the raise it needed")
         t = self.tally
+        return [
+            ("metered runs", len(metered)),
+            ("metered runs parked on their limit and raised before each later call", parked),
+            ("limit raises (limits_raised events)", raises),
+            ("  runs the operator saw parked budget_exceeded", len(t.parked_on_limit)),
+            ("  raise_limits refused (the run had moved on), looked again", t.raise_refused),
+            ("  raise_limits unconfirmed (may still be applied)", t.raise_unconfirmed),
+            ("tool calls started before the raise they needed", early),
+        ]
+
+    def check_tasks(
+        self,
+        found: Found,
+        ops: dict[str, list[dict[str, Any]]],
+        ticket_of: dict[str, str],
+        denied: set[str],
+        problems: list[str],
+    ) -> tuple[list[tuple[str, Any]], int]:
+        """Each completed task run's output is the journaled result of its one call (a
+        denied call's: the denial); returns the lines and how many outputs disagreed."""
+        checked = disagree = 0
+        for run_id, output in found.task_outputs.items():
+            op = f"{run_id}/{chaos_agents.TASK_KEY}"
+            effects = [e for e in ops.get(op, []) if e["ev"] == "effect"]
+            checked += 1
+            if op in denied:
+                ok = output.startswith("error: ")
+            else:
+                try:
+                    value = json.loads(output)
+                except ValueError:
+                    value = None
+                if self.agent_of[run_id] in chaos_agents.TICKET_TOOLS:
+                    ok = op in ticket_of and value == {"ticket_id": ticket_of[op]}
+                else:
+                    ok = bool(effects) and value == effects[-1]["result"]
+            if not ok:
+                disagree += 1
+                problems.append(f"{run_id}: task output {output!r} disagrees with the journal")
+        standalone = [r for r in self.run_ids if self.agent_of[r] in chaos_agents.TASKS]
+        owned = [r for r in found.delegation.children if self.agent_of[r] in chaos_agents.TASKS]
+        return [
+            ("task runs started with start_task", len(standalone)),
+            ("task runs owned by an agent (child runs)", len(owned)),
+            ("task outputs checked against the journal", checked),
+        ], disagree
+
+    def check_mcp(self, found: Found, problems: list[str]) -> tuple[list[tuple[str, Any]], int]:
+        """The MCP server's log is the journal of its tools: each completed `archivist`
+        run's write applied exactly once, under its call's operation id, and never under
+        another (its read-back is checked with the other results). Returns the lines and
+        how many writes were applied under several operation ids (duplicate effects)."""
+        applied: defaultdict[str, set[str]] = defaultdict(set)  # key -> ops applied
+        sent: Counter[str] = Counter()  # op -> record calls that reached the server
+        for line in self.mcp.lines:
+            if line.get("tool") != "record" or not line.get("operation_id"):
+                continue
+            op = _run_op(line["operation_id"])
+            sent[op] += 1
+            if line.get("applied"):
+                applied[line["key"]].add(op)
+        twice = [key for key, found_ops in applied.items() if len(found_ops) > 1]
+        for key in twice:
+            problems.append(f"MCP write {key!r} applied under {sorted(applied[key])}")
+        lost = 0
+        archivists = [r for r in self.run_ids if self.agent_of[r] == "archivist"]
+        record_key = expected_keys("archivist")[0]
+        for run_id in archivists:
+            if run_id not in found.outputs:
+                continue  # not completed: counted as lost
+            key = chaos_agents.run_key(run_id)
+            if applied.get(key) != {f"{run_id}/{record_key}"}:
+                lost += 1
+                problems.append(f"{run_id}: MCP write applied under {applied.get(key)}")
+        return [
+            ("MCP writes applied", sum(len(ops) for ops in applied.values())),
+            ("MCP writes applied twice (several operation ids for one call)", len(twice)),
+            ("MCP writes of completed runs not applied once under their call", lost),
+            (
+                "MCP writes sent again (same operation_id, applied once)",
+                sum(1 for n in sent.values() if n > 1),
+            ),
+        ], len(twice)
+
+    def report(self, soak_s: float, found: Found, check: HistoryCheck) -> int:
+        t = self.tally
+        outputs, statuses, resolutions = found.outputs, found.statuses, found.resolutions
+        delegation = found.delegation
         problems: list[str] = []
         manual = chaos_agents.MANUAL_TOOLS
         ops: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -1448,7 +1949,7 @@ class Soak:
                 )
         attention_manual = len(t.attention)
         several_blocked = [r for r, n in t.most_blocked.items() if n > 1]
-        overlapped, multi_turns = overlapping_turns(self.agent_of, outputs, ops)
+        overlapped, multi_turns = overlapping_turns(self.agent_of, self.submission, outputs, ops)
         # How long after killing the worker that ran a manual call the operator saw the
         # run needs_attention (heartbeat timeout + workflow task + the operator's polling).
         noticed: list[float] = []
@@ -1461,7 +1962,8 @@ class Soak:
         noticed.sort()
         detection = (
             f"median {noticed[len(noticed) // 2]:.1f} s, max {noticed[-1]:.1f} s "
-            f"over {len(noticed)} (heartbeat timeout {chaos_agents.HEARTBEAT.total_seconds():g} s)"
+            f"over {len(noticed)} (tools' heartbeat timeout "
+            f"{chaos_agents.TOOL_HEARTBEAT.total_seconds():g} s)"
             if noticed
             else "-"
         )
@@ -1475,8 +1977,9 @@ class Soak:
         lost_results = order_problems = 0
         for run_id, answer in outputs.items():
             results: dict[str, dict[str, Any]] = answer.get("results", {})
+            calls = script_calls(self.agent_of.get(run_id, ""), self.submission(run_id))
             # Every call of the script has its result: none lost between the turns.
-            missing = sorted(set(expected_keys(self.agent_of.get(run_id, ""))) - set(results))
+            missing = sorted(set(calls) - set(results))
             lost_results += len(missing)
             for key in missing:
                 problems.append(f"{run_id}/{key}: no result in the run's output")
@@ -1489,11 +1992,15 @@ class Soak:
                     continue
                 checked += 1
                 effects = [e for e in ops.get(op, []) if e["ev"] == "effect"]
-                tool = tool_of.get(op)
+                tool = tool_of.get(op) or calls.get(key)
                 if result["error"]:
                     ok = op in denied and result["content"].startswith("denied:")
-                elif tool == "create_ticket":
-                    ok = json.loads(result["content"]) == {"ticket_id": ticket_of[op]}
+                elif tool in chaos_agents.TICKET_TOOLS:
+                    ok = json.loads(result["content"]) == {"ticket_id": ticket_of.get(op)}
+                elif tool == chaos_agents.MCP_RECORD:  # checked against the server's log too
+                    ok = mcp_content(result["content"]) == f"recorded {run_id}"
+                elif tool == chaos_agents.MCP_LOOKUP:
+                    ok = mcp_content(result["content"]) == f"v-{run_id}"
                 elif tool in manual:
                     ok = bool(effects) and json.loads(result["content"]) == effects[-1]["result"]
                 else:
@@ -1502,6 +2009,15 @@ class Soak:
                     disagree += 1
                     problems.append(f"{op}: output {result} disagrees with the journal")
 
+        session_lines = self.check_sessions(found, problems)
+        metered_lines = self.check_metered(found, ops, problems)
+        task_lines, task_disagree = self.check_tasks(found, ops, ticket_of, set(denied), problems)
+        disagree += task_disagree
+        mcp_lines, mcp_twice = self.check_mcp(found, problems)
+        dup_idempotent += mcp_twice
+        unstarted = self.size.runs - len(self.run_ids)
+        if unstarted:
+            problems.append(f"{unstarted} runs never started: the soak ended first")
         for error in self.driver_errors:
             problems.append(f"the soak's driver crashed: {error}")
         for failed in check.replay_failures:
@@ -1517,6 +2033,7 @@ class Soak:
             ("runs started", len(self.run_ids)),
             ("runs completed", completed),
             ("runs lost", len(lost)),
+            ("runs never started", unstarted),
             ("duplicate idempotent effects", dup_idempotent),
             ("idempotent calls executed again (same operation_id, one ticket)", idem_reexecuted),
             ("manual calls executed twice", manual_twice),
@@ -1544,7 +2061,7 @@ class Soak:
                 sum(
                     1
                     for r in outputs
-                    if any(len(turn) > 1 for turn in chaos_agents.SCRIPTS[self.agent_of[r]])
+                    if any(len(turn) > 1 for turn in chaos_agents.SCRIPTS.get(self.agent_of[r], []))
                 ),
             ),
             ("  turns of several calls whose calls overlapped in time", overlapped),
@@ -1607,8 +2124,15 @@ class Soak:
             ),
             ("server restarts", t.server_restarts),
         ]
+        lines += [*session_lines, *metered_lines, *task_lines, *mcp_lines]
         violations = len(problems)
-        print(f"chaos soak: {self.size.runs} runs, {self.size.workers} workers")
+        of_kind = Counter(self.kind_of.get(r, "?") for r in self.run_ids)
+        by_kind = ", ".join(f"{k} {of_kind[k]}" for k in chaos_agents.KINDS if of_kind[k])
+        print(
+            f"chaos soak: {self.size.runs} runs, {self.size.workers} workers, "
+            f"in flight <= {self.size.in_flight}"
+        )
+        print(f"runs by kind: {by_kind} (children: {len(delegation.children)})")
         for name, value in lines:
             print(f"{name}: {value}")
         print(
@@ -1616,6 +2140,12 @@ class Soak:
             f"{t.server_downtime_s:.1f} s; workers: {t.workers_alive_after_restart}"
         )
         print(f"needs_attention noticed after the kill: {detection}")
+        # A worker killed after its attempt timed out was alive when it did.
+        live = [p for p, when in found.heartbeat_timeouts if t.killed_wall.get(p, math.inf) > when]
+        print(
+            f"heartbeat timeouts in history (an activity's last attempt): "
+            f"{len(found.heartbeat_timeouts)}, of a live worker: {len(live)}"
+        )
         print(f"operator looks that could not prove an outcome yet: {t.unresolved_waits}")
         print(f"soak time: {soak_s:.1f} s ({self.ended})")
         for line in check.lines():
@@ -1647,34 +2177,111 @@ class Delegation:
     parent_named: dict[str, str | None]  # child -> its snapshot's parent_run_id
 
 
-def subagent_calls(agent_id: str) -> dict[str, str]:
-    """The checkpoint keys of the agent's subagent calls -> the subagent's agent id."""
-    subagents = chaos_agents.SUBAGENTS.get(agent_id, ())
+def plan(runs: int) -> list[str]:
+    """The kinds of work a soak of `runs` runs starts, in order: `chaos_agents.KINDS` in
+    rotation until `runs` runs are promised (a session promises its submissions), then the
+    sessions spread over the first half. A session's runs go one after another, so the
+    last session started sets the soak's tail: started late (as the rotation alone
+    would), it kept a small soak beside a CPU hog going for minutes after the rest."""
+    kinds: list[str] = []
+    promised = 0
+    for i in itertools.count():
+        if promised >= runs:
+            break
+        kind = chaos_agents.KINDS[i % len(chaos_agents.KINDS)]
+        size = chaos_agents.SESSION_SUBMISSIONS if kind == "session" else 1
+        if promised + size <= runs:
+            kinds.append(kind)
+            promised += size
+    sessions = kinds.count("session")
+    others = [k for k in kinds if k != "session"]
+    gap = len(others) // (2 * sessions) if sessions else 0
+    ordered: list[str] = []
+    for n in range(sessions):
+        ordered += ["session", *others[n * gap : (n + 1) * gap]]
+    return ordered + others[sessions * gap :]
+
+
+@dataclass
+class Found:
+    """What the checks read after the soak, besides the journals and histories."""
+
+    outputs: dict[str, dict[str, Any]]  # completed scripted runs' outputs, parsed
+    task_outputs: dict[str, str]  # completed task runs' outputs (the task's result)
+    statuses: dict[str, str]  # run id -> "completed", or what it is instead
+    resolutions: dict[str, list[str]]  # op -> resolve_tool types the histories accepted
+    delegation: Delegation
+    snapshots: dict[str, RunSnapshot]  # completed child and `metered` runs
+    sessions: dict[str, tuple[str, SessionSnapshot | None]]  # -> workflow status, snapshot
+    submissions: dict[str, dict[str, tuple[str, bool | None]]]  # session -> accepted submits
+    heartbeat_timeouts: list[tuple[int, float]]  # (worker pid, when) of each, in history
+
+
+def heartbeat_timeouts(histories: Iterable[Iterable[HistoryEvent]]) -> list[tuple[int, float]]:
+    """The worker pid and time of each activity attempt the histories show timed out for
+    want of a heartbeat (only an activity's last attempt reaches history). Set beside the
+    kills, it tells timeouts of dead workers from those of live ones, which a loaded
+    machine causes (see `chaos_agents.HEARTBEAT`)."""
+    pids: list[tuple[int, float]] = []
+    for events in histories:
+        started: dict[int, str] = {}
+        for event in events:
+            if event.HasField("activity_task_started_event_attributes"):
+                started[event.event_id] = event.activity_task_started_event_attributes.identity
+            elif event.HasField("activity_task_timed_out_event_attributes"):
+                timed_out = event.activity_task_timed_out_event_attributes
+                if "heartbeat" not in timed_out.failure.message.lower():
+                    continue
+                identity = started.get(timed_out.started_event_id, "")
+                with contextlib.suppress(ValueError):
+                    when = event.event_time.ToNanoseconds() / 1e9
+                    pids.append((int(identity.split("@", 1)[0]), when))
+    return pids
+
+
+def script_calls(agent_id: str, submission: int = 1) -> dict[str, str]:
+    """The checkpoint key of every call in the agent's script -> its tool's name (in a
+    session's `submission`-th run, whose call ids say which submission they belong to)."""
     return {
-        f"tool:{turn}:t{turn}-{n}": name
+        f"tool:{turn}:{chaos_agents.call_id(submission, turn, n)}": name
         for turn, calls in enumerate(chaos_agents.SCRIPTS.get(agent_id, []), start=1)
         for n, (name, _) in enumerate(calls, start=1)
-        if name in subagents
     }
 
 
-def expected_keys(agent_id: str) -> list[str]:
+def subagent_calls(agent_id: str) -> dict[str, str]:
+    """The checkpoint keys of the agent's calls that start a child run (a subagent or a
+    task it owns) -> the child's agent id."""
+    children = chaos_agents.CHILDREN.get(agent_id, ())
+    return {key: name for key, name in script_calls(agent_id).items() if name in children}
+
+
+def expected_keys(agent_id: str, submission: int = 1) -> list[str]:
     """The checkpoint keys of every call in the agent's script."""
-    return [
-        f"tool:{turn}:t{turn}-{n}"
-        for turn, calls in enumerate(chaos_agents.SCRIPTS.get(agent_id, []), start=1)
-        for n in range(1, len(calls) + 1)
-    ]
+    return list(script_calls(agent_id, submission))
+
+
+def mcp_content(content: str) -> Any:
+    """An MCP tool's result as the model read it: a structured result's `result` field
+    (the server's own `-> str` tools answer `{"result": ...}`), else the text."""
+    with contextlib.suppress(ValueError):
+        value = json.loads(content)
+        if isinstance(value, dict) and set(value) == {"result"}:
+            return value["result"]
+        return value
+    return content
 
 
 def overlapping_turns(
     agent_of: dict[str, str],
+    submission_of: Callable[[str], int],
     outputs: dict[str, dict[str, Any]],
     ops: dict[str, list[dict[str, Any]]],
 ) -> tuple[int, int]:
     """Of the completed runs' turns of several calls, in how many did two calls run at
     the same time (per the journal: a call's first attempt, first to last line), and how
-    many had two calls that ran at all (a denied call never starts)."""
+    many had two calls that ran at all (a denied call never starts, an MCP call or a
+    child run journals nothing of its own)."""
 
     def by_time(entry: dict[str, Any]) -> float:
         return float(entry["t"])
@@ -1682,12 +2289,14 @@ def overlapping_turns(
     overlapped = examined = 0
     for run_id in outputs:
         script = chaos_agents.SCRIPTS.get(agent_of.get(run_id, ""), [])
+        submission = submission_of(run_id)
         for turn, calls in enumerate(script, start=1):
             if len(calls) < 2:
                 continue
             spans = []
             for n in range(1, len(calls) + 1):
-                entries = sorted(ops.get(f"{run_id}/tool:{turn}:t{turn}-{n}", []), key=by_time)
+                key = f"tool:{turn}:{chaos_agents.call_id(submission, turn, n)}"
+                entries = sorted(ops.get(f"{run_id}/{key}", []), key=by_time)
                 first = [e for e in entries if e["pid"] == entries[0]["pid"]] if entries else []
                 if first:  # its first attempt, not stretched by a rerun after a kill
                     spans.append((first[0]["t"], first[-1]["t"]))

@@ -15,40 +15,64 @@ how often and under which operation_id:
 - `down`: a payee check found the payee register down, and fails;
 - `done`: the tool returns its result.
 
-The idempotent tool's effect is a ticket in the soak's deduplicating HTTP
+The idempotent tools' effect is a ticket in the soak's deduplicating HTTP
 service (`$CHAOS_DEDUP_URL`), keyed by operation_id. Tools take 0.2-1.5 s
-(durably heartbeats in the background), so kills land mid-call; the heartbeat
-timeout is short so interrupted calls are noticed within seconds.
+(durably heartbeats in the background), so kills land mid-call; the tools'
+heartbeat timeout is short so interrupted calls are noticed within seconds.
 
-Each agent follows a fixed script of tool-call turns (call ids `t{turn}-{n}`)
-and then answers with the JSON of every tool result it saw, keyed by
-checkpoint key, which the soak checks against the journal, and of what was
-wrong with the transcript it was sent (a call without its result, a result
-twice or out of the model's call order).
+Each agent follows a fixed script of tool-call turns (call ids `t{turn}-{n}`;
+`m{k}t{turn}-{n}` in a session's k-th submission, k > 1, so no two calls of
+a conversation share an id) and then answers with the JSON of every tool
+result its run saw, keyed by checkpoint key, which the soak checks against
+the journal, of what was wrong with the transcript it was sent (a call
+without its result, a result twice or out of the model's call order) and of
+the earlier submissions it read (in a session: every earlier user message,
+in order, and each earlier run's answer).
 
-The `parallel` agent answers several calls at once in each turn (two or three
-manual calls beside an idempotent and a safe one, then two calls that need
-approval beside a manual one), which durably runs concurrently (at most
-`PARALLEL_TOOLS` at a time): a kill then interrupts several manual calls of
-one run, which the operator resolves one at a time.
+The agent kinds (`KINDS`, the soak's rotation):
 
-The `delegate` agent owns a subagent, `payout` (never started by the soak
-itself: only as a `delegate` run's child). In its first answer `delegate`
-calls `payout` (the run's input as the task) beside a manual transfer of its
-own, then opens a ticket and answers; its output holds the child's final
-output as that call's result. `payout` checks the payee (`verify_payee`,
-safe) beside a ticket, then makes a manual transfer beside a refund that
-needs approval. When its task holds `FLAKY_PAYEE` (the soak gives it every
-other `delegate` run), the payee register is down until the operator fixes
-it: `verify_payee` fails for good, so the child fails and parks its parent
-(`subagent_failed`), until the operator fixes the register and retries the
-child.
+- `lookup-ticket`, `transfer`, `refund`, `mixed`: single runs mixing safe,
+  idempotent and manual tools and a manual tool that needs approval.
+- `parallel` answers several calls at once in each turn (two or three manual
+  calls beside an idempotent and a safe one, then two calls that need
+  approval beside a manual one), which durably runs concurrently (at most
+  `PARALLEL_TOOLS` at a time): a kill then interrupts several manual calls
+  of one run, which the operator resolves one at a time.
+- `delegate` owns a subagent, `payout` (never started by the soak itself:
+  only as a `delegate` run's child). In its first answer `delegate` calls
+  `payout` (the run's input as the task) beside a manual transfer of its
+  own, then opens a ticket and answers; its output holds the child's final
+  output as that call's result. `payout` checks the payee (`verify_payee`,
+  safe) beside a ticket, then makes a manual transfer beside a refund that
+  needs approval. When its task holds `FLAKY_PAYEE` (the soak gives it every
+  other `delegate` run), the payee register is down until the operator fixes
+  it: `verify_payee` fails for good, so the child fails and parks its parent
+  (`subagent_failed`), until the operator fixes the register and retries the
+  child.
+- `session`: a conversation with `concierge` (`SESSION_SUBMISSIONS`
+  submissions, each a run of a lookup beside a manual transfer, then a
+  ticket); each run must have read every earlier message of the session.
+- `metered`: runs registered with `limits=UsageLimits(tool_calls=1)`: each
+  parks `budget_exceeded` before its second and third tool call, until the
+  operator raises the limit (`raise_limits`).
+- `settle_invoice`: a custom task (`TaskRegistration`) started on its own
+  (`client.start_task`): manual, and it needs approval.
+- `clerk` owns the task `issue_credit` (idempotent: a ticket) as a child run,
+  called beside a manual transfer of its own.
+- `archivist` calls an MCP server's tools (an `MCPToolset` over streamable
+  HTTP: `tests/mcp_test_server.py`, which the soak starts; `mcp_record`,
+  idempotent and applied once per operation id, then `mcp_lookup`,
+  read-only) beside a lookup of its own. The server's log is that tool's
+  journal. The toolset exists only where the soak says where the server and
+  its lock are (`$CHAOS_MCP_URL`, `$CHAOS_MCP_LOCK`), so `registrations` is a
+  function, called by each worker (and by `durably mcp lock`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -57,7 +81,8 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -68,8 +93,11 @@ from durably import (
     ModelRequest,
     ModelRetry,
     Subagent,
+    TaskRegistration,
     ToolContext,
     ToolRetry,
+    UsageLimits,
+    task,
     tool,
 )
 from durably.messages import (
@@ -80,10 +108,27 @@ from durably.messages import (
     UserMessage,
 )
 
-HEARTBEAT = timedelta(seconds=3)
+if TYPE_CHECKING:
+    from durably.mcp import MCPToolset
+
+# How long durably waits for a heartbeat before it takes the worker for dead: the tools'
+# (so an interrupted call is noticed within seconds) and the model requests' (the
+# registration's, which MCP tools and a task's bookkeeping requests get too). A worker
+# that just started, taking over a killed one's runs (each a full replay, its first
+# workflow task loading the sandbox), can send no heartbeat for seconds on a loaded
+# machine: beside a CPU hog (`soak_repeat.py`), model requests timed out on live workers
+# at 3 s and still at 10 s (one attempt on a worker started 10 s before sent none in
+# 10 s), three attempts in a row (durably's default without `model_retry`), failing
+# their run. A tool timed out on a live worker costs nothing but time (a manual call
+# parks, the operator resolves it from the journal; the others retry), a model request
+# a run: so the tools keep a short timeout, the model requests a long one.
+TOOL_HEARTBEAT = timedelta(seconds=5)
+HEARTBEAT = timedelta(seconds=30)
 # Model requests retry through kills. `chaos.py --no-model-retry` registers none, as
 # durably's default: then a crashed model request runs at most 3 times.
 MODEL_RETRY = ModelRetry(max_attempts=10, initial_delay_ms=200, max_delay_ms=2000)
+# Safe and idempotent calls ride through kills (a killed attempt is one of them).
+TOOL_RETRY = ToolRetry(max_attempts=10, initial_delay_ms=200, max_delay_ms=2000)
 VERSION = "1"
 
 
@@ -173,7 +218,21 @@ class PayeeStatus(BaseModel):
     verified: bool
 
 
-@tool
+class Invoice(BaseModel):
+    invoice: str
+    amount_cents: int
+
+
+class Settlement(BaseModel):
+    settlement_id: str
+
+
+class Credit(BaseModel):
+    customer: str
+    amount_cents: int
+
+
+@tool(heartbeat_timeout=TOOL_HEARTBEAT)
 async def lookup_account(args: Account, ctx: ToolContext) -> Balance:
     """Read an account's balance (safe: reading again is harmless)."""
     journal("start", ctx, "lookup_account")
@@ -201,26 +260,29 @@ def _post_ticket(operation_id: str, natural_key: str) -> str:
     return str(_post("/tickets", {"key": operation_id, "natural": natural_key})["ticket_id"])
 
 
+async def _ticket(ctx: ToolContext, tool_name: str, title: str) -> TicketId:
+    """Open a ticket keyed by the call's operation_id: the service opens it once."""
+    journal("start", ctx, tool_name)
+    await busy(ctx, 0.1, 0.7)
+    check_abort(ctx, tool_name)
+    ticket_id = await asyncio.to_thread(_post_ticket, ctx.operation_id, f"{ctx.run_id}/{title}")
+    journal("effect", ctx, tool_name, result={"ticket_id": ticket_id})
+    await busy(ctx, 0.1, 0.7)
+    journal("done", ctx, tool_name)
+    return TicketId(ticket_id=ticket_id)
+
+
 # What a payee check fails with while the register is down.
 PAYEE_DOWN = "the payee register is down"
 
 
-@tool
+@tool(heartbeat_timeout=TOOL_HEARTBEAT)
 async def create_ticket(args: Ticket, ctx: ToolContext) -> TicketId:
     """Open a ticket in a service that deduplicates by operation_id (idempotent)."""
-    journal("start", ctx, "create_ticket")
-    await busy(ctx, 0.1, 0.7)
-    check_abort(ctx, "create_ticket")
-    ticket_id = await asyncio.to_thread(
-        _post_ticket, ctx.operation_id, f"{ctx.run_id}/{args.title}"
-    )
-    journal("effect", ctx, "create_ticket", result={"ticket_id": ticket_id})
-    await busy(ctx, 0.1, 0.7)
-    journal("done", ctx, "create_ticket")
-    return TicketId(ticket_id=ticket_id)
+    return await _ticket(ctx, "create_ticket", args.title)
 
 
-@tool
+@tool(heartbeat_timeout=TOOL_HEARTBEAT)
 async def verify_payee(args: Payee, ctx: ToolContext) -> PayeeStatus:
     """Check a payee in the payee register (safe). A `flaky` check fails, every attempt,
     until the operator marks the run's register fixed in the soak's service."""
@@ -247,7 +309,7 @@ async def _manual(ctx: ToolContext, tool_name: str, result: BaseModel) -> None:
     journal("done", ctx, tool_name)
 
 
-@tool
+@tool(heartbeat_timeout=TOOL_HEARTBEAT)
 async def transfer_funds(args: Transfer, ctx: ToolContext) -> TransferReceipt:
     """Move money (manual: never repeated without an operator)."""
     receipt = TransferReceipt(transfer_id=ref("X", ctx.operation_id))
@@ -255,12 +317,29 @@ async def transfer_funds(args: Transfer, ctx: ToolContext) -> TransferReceipt:
     return receipt
 
 
-@tool(requires_approval=True)
+@tool(requires_approval=True, heartbeat_timeout=TOOL_HEARTBEAT)
 async def refund_payment(args: Refund, ctx: ToolContext) -> RefundReceipt:
     """Refund an order (needs a person's approval; manual)."""
     receipt = RefundReceipt(refund_id=ref("R", ctx.operation_id))
     await _manual(ctx, "refund_payment", receipt)
     return receipt
+
+
+# Custom tasks carry their heartbeat timeout like the tools (a task registration has
+# none of its own; its bookkeeping model requests get the registration's).
+@task(requires_approval=True, heartbeat_timeout=TOOL_HEARTBEAT)
+async def settle_invoice(args: Invoice, ctx: ToolContext) -> Settlement:
+    """Settle an invoice (a task run of its own: manual, and a person approves it first)."""
+    receipt = Settlement(settlement_id=ref("S", ctx.operation_id))
+    await _manual(ctx, "settle_invoice", receipt)
+    return receipt
+
+
+@task(heartbeat_timeout=TOOL_HEARTBEAT)
+async def issue_credit(args: Credit, ctx: ToolContext) -> TicketId:
+    """Issue a credit note, as a ticket keyed by operation_id (idempotent; run as `clerk`'s
+    child)."""
+    return await _ticket(ctx, "issue_credit", f"credit {args.customer}")
 
 
 TOOLS = (lookup_account, verify_payee, create_ticket, transfer_funds, refund_payment)
@@ -271,8 +350,38 @@ RECOVERY: dict[str, Any] = {
     "transfer_funds": "manual",
     "refund_payment": "manual",
 }
-MANUAL_TOOLS = frozenset(n for n, p in RECOVERY.items() if p == "manual")
+# The custom tasks and their recovery policies (each is also an agent id: its runs').
+TASKS = {"settle_invoice": settle_invoice, "issue_credit": issue_credit}
+TASK_RECOVERY: dict[str, Any] = {"settle_invoice": "manual", "issue_credit": "idempotent"}
+MANUAL_TOOLS = frozenset(n for n, p in {**RECOVERY, **TASK_RECOVERY}.items() if p == "manual")
 SAFE_TOOLS = frozenset(n for n, p in RECOVERY.items() if p == "safe")
+# The tools whose effect is a ticket in the soak's service.
+TICKET_TOOLS = frozenset({"create_ticket", "issue_credit"})
+# The checkpoint key of a task run's one call (`durably.tasks.TASK_CALL_ID`).
+TASK_KEY = "tool:1:task"
+
+# The MCP server's tools, as the `archivist` agent sees them (the toolset's prefix).
+MCP_PREFIX = "mcp_"
+MCP_RECORD = f"{MCP_PREFIX}record"
+MCP_LOOKUP = f"{MCP_PREFIX}lookup"
+MCP_TOOLS = frozenset({MCP_RECORD, MCP_LOOKUP})
+
+
+def records_toolset(url: str, lock: str | Path) -> MCPToolset:
+    """`tests/mcp_test_server.py` over streamable HTTP, as the soak starts it: `record`
+    (idempotent, applied once per operation id) and `lookup` (read-only), trusted for
+    their annotations."""
+    from durably.mcp import HTTPServer, MCPToolset
+
+    return MCPToolset(
+        "records",
+        HTTPServer(url),
+        lock=lock,
+        trust_annotations=True,
+        prefix=MCP_PREFIX,
+        include=["record", "lookup"],
+    )
+
 
 # -- agents ----------------------------------------------------------------------------
 
@@ -282,6 +391,12 @@ Turn = list[tuple[str, Arguments]]
 
 # In a `payout` task: the payee register is down until the operator fixes it.
 FLAKY_PAYEE = "[payee register down]"
+
+
+def run_key(task_text: str) -> str:
+    """What an `archivist` run records under: the last word of its input (its run id)."""
+    return task_text.split()[-1] if task_text.split() else "?"
+
 
 SCRIPTS: dict[str, list[Turn]] = {
     "lookup-ticket": [
@@ -337,24 +452,90 @@ SCRIPTS: dict[str, list[Turn]] = {
             ("refund_payment", {"order": "D-4004", "amount_cents": 300}),
         ],
     ],
+    # Every submission of a session: a lookup beside a manual transfer, then a ticket.
+    "concierge": [
+        [
+            ("lookup_account", {"account": "acct-61"}),
+            ("transfer_funds", {"account": "acct-61", "amount_cents": 150}),
+        ],
+        [("create_ticket", {"title": "session follow-up"})],
+    ],
+    # Registered with one tool call allowed: parks before each later call.
+    "metered": [
+        [("lookup_account", {"account": "acct-71"})],
+        [("transfer_funds", {"account": "acct-71", "amount_cents": 450})],
+        [("create_ticket", {"title": "metered follow-up"})],
+    ],
+    # Owns the task `issue_credit` (a child run) beside a manual call of its own.
+    "clerk": [
+        [
+            ("issue_credit", lambda task: {"customer": run_key(task), "amount_cents": 250}),
+            ("transfer_funds", {"account": "acct-81", "amount_cents": 350}),
+        ],
+        [("lookup_account", {"account": "acct-81"})],
+    ],
+    # The MCP server's idempotent write beside a lookup of ours, then its read-back.
+    "archivist": [
+        [
+            (MCP_RECORD, lambda task: {"key": run_key(task), "value": f"v-{run_key(task)}"}),
+            ("lookup_account", {"account": "acct-91"}),
+        ],
+        [(MCP_LOOKUP, lambda task: {"key": run_key(task)})],
+    ],
 }
-# Each agent's subagents (agent ids, each also the name of its tool).
+# Each agent's children (agent ids, each also the name of its tool): subagents and tasks.
 SUBAGENTS: dict[str, tuple[str, ...]] = {"delegate": ("payout",)}
-CHILD_AGENTS = frozenset(a for children in SUBAGENTS.values() for a in children)
-# The agents the soak starts runs of, in rotation.
-AGENT_IDS = tuple(a for a in SCRIPTS if a not in CHILD_AGENTS)
+OWNED_TASKS: dict[str, tuple[str, ...]] = {"clerk": ("issue_credit",)}
+CHILDREN: dict[str, tuple[str, ...]] = {**SUBAGENTS, **OWNED_TASKS}
+CHILD_AGENTS = frozenset(a for children in CHILDREN.values() for a in children)
+# The agent a session talks to, how many submissions each session makes, and the limit
+# `metered` runs are registered with (raised by the operator, up to its cap).
+SESSION_AGENT = "concierge"
+SESSION_SUBMISSIONS = 3
+METERED = "metered"
+METERED_LIMITS = UsageLimits(tool_calls=1)
+METERED_CAP = UsageLimits(tool_calls=20)
+# The kinds of work the soak starts, in rotation: an agent's single run, a session (of
+# `SESSION_SUBMISSIONS` runs), or a task run started with `start_task`. Sessions come
+# first in each round: they take longest (their runs go one after another).
+KINDS = (
+    "session",
+    "lookup-ticket",
+    "transfer",
+    "refund",
+    "mixed",
+    "parallel",
+    "delegate",
+    METERED,
+    "settle_invoice",
+    "clerk",
+    "archivist",
+)
+# The agents a single run of a kind is started for (sessions: `SESSION_AGENT`).
+AGENT_IDS = tuple(k for k in KINDS if k in SCRIPTS or k in TASKS)
 # How many calls of one model answer run at once (fewer than the `parallel` agent's
 # first turn holds, so a call also waits for a slot); None elsewhere: all of them.
 PARALLEL_TOOLS = 3
 
 
+def call_id(submission: int, turn: int, n: int) -> str:
+    """The id of the n-th call of a turn, unique in a session's conversation."""
+    return f"t{turn}-{n}" if submission <= 1 else f"m{submission}t{turn}-{n}"
+
+
 def final_answer(request: ModelRequest) -> dict[str, Any]:
-    """Every tool result of the run, keyed by checkpoint key (`tool:{turn}:{call_id}`),
-    and what is wrong with the transcript (`transcript_problems`)."""
+    """Every tool result of this run, keyed by checkpoint key (`tool:{turn}:{call_id}`),
+    what is wrong with the whole transcript (`problems`), and what the run read of the
+    session's earlier submissions (`earlier`: their user messages, in order;
+    `earlier_answers`: how many final answers they left)."""
+    last_user = max(
+        (n for n, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1
+    )
+    before, own = request.messages[: max(last_user, 0)], request.messages[last_user + 1 :]
     turn_of: dict[str, int] = {}
     turn = 0
     results: dict[str, dict[str, Any]] = {}
-    for message in request.messages:
+    for message in own:
         if isinstance(message, AssistantMessage):
             turn += 1
             for call in message.tool_calls:
@@ -362,7 +543,14 @@ def final_answer(request: ModelRequest) -> dict[str, Any]:
         elif isinstance(message, ToolResultMessage):
             key = f"tool:{turn_of.get(message.call_id, 0)}:{message.call_id}"
             results[key] = {"content": message.content, "error": message.is_error}
-    return {"results": results, "problems": transcript_problems(request.messages)}
+    return {
+        "results": results,
+        "problems": transcript_problems(request.messages),
+        "earlier": [str(m.content) for m in before if isinstance(m, UserMessage)],
+        "earlier_answers": sum(
+            1 for m in before if isinstance(m, AssistantMessage) and not m.tool_calls
+        ),
+    }
 
 
 def transcript_problems(messages: Sequence[Message]) -> list[str]:
@@ -393,18 +581,26 @@ def transcript_problems(messages: Sequence[Message]) -> list[str]:
 
 
 def scripted(agent_id: str) -> FunctionModel:
+    """The agent's script, played from the request alone: the turn is the number of
+    answers since the run's own user message (the last one; a session's earlier
+    submissions come before it), the task is that message."""
     script = SCRIPTS[agent_id]
 
     async def model(request: ModelRequest) -> AssistantMessage:
         await asyncio.sleep(random.uniform(0.02, 0.2))
-        turn = 1 + sum(isinstance(m, AssistantMessage) for m in request.messages)
-        task = next((m.content for m in request.messages if isinstance(m, UserMessage)), "")
+        users = [m for m in request.messages if isinstance(m, UserMessage)]
+        last_user = max(
+            (n for n, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1
+        )
+        own = request.messages[last_user + 1 :]
+        turn = 1 + sum(isinstance(m, AssistantMessage) for m in own)
+        task_text = str(users[-1].content) if users else ""
         if turn <= len(script):
             calls = tuple(
                 ToolCall(
-                    id=f"t{turn}-{n}",
+                    id=call_id(len(users), turn, n),
                     name=name,
-                    arguments=arguments(task) if callable(arguments) else arguments,
+                    arguments=arguments(task_text) if callable(arguments) else arguments,
                 )
                 for n, (name, arguments) in enumerate(script[turn - 1], start=1)
             )
@@ -414,35 +610,65 @@ def scripted(agent_id: str) -> FunctionModel:
     return FunctionModel(model, name=f"chaos.{agent_id}")
 
 
-def _registration(agent_id: str) -> AgentRegistration:
-    used = {name for turn in SCRIPTS[agent_id] for name, _ in turn} & set(RECOVERY)
+def _registration(agent_id: str, mcp_tools: Sequence[Any] = ()) -> AgentRegistration:
+    used = {name for turn in SCRIPTS[agent_id] for name, _ in turn}
     agent = Agent(
         id=agent_id,
         model=scripted(agent_id),
         instructions="Chaos soak agent: follow the script.",
-        tools=[t for t in TOOLS if t.name in used],
+        tools=[
+            *(t for t in TOOLS if t.name in used),
+            *(t for t in mcp_tools if t.name in used),
+        ],
         subagents=[
             Subagent(child, description=f"Hand a task to the {child} agent.")
             for child in SUBAGENTS.get(agent_id, ())
         ],
+        tasks=[TASKS[name] for name in OWNED_TASKS.get(agent_id, ())],
         max_turns=len(SCRIPTS[agent_id]) + 1,
         max_parallel_tools=PARALLEL_TOOLS if agent_id == "parallel" else None,
     )
     # A payee check that fails for good (`FLAKY_PAYEE`) runs out of attempts in about
     # 3 s; ten attempts still ride through kills (a killed attempt is one of them).
     short = agent_id in CHILD_AGENTS
+    metered = agent_id == METERED
     return AgentRegistration(
         agent,
         version=VERSION,
-        tool_recovery={name: RECOVERY[name] for name in used},
+        tool_recovery={name: RECOVERY[name] for name in used if name in RECOVERY},
         model_retry=None if os.environ.get("CHAOS_NO_MODEL_RETRY") else MODEL_RETRY,
-        tool_retry=ToolRetry(
-            max_attempts=10,
-            initial_delay_ms=100 if short else 200,
-            max_delay_ms=400 if short else 2000,
-        ),
+        tool_retry=ToolRetry(max_attempts=10, initial_delay_ms=100, max_delay_ms=400)
+        if short
+        else TOOL_RETRY,
         heartbeat_timeout=HEARTBEAT,
+        limits=METERED_LIMITS if metered else None,
+        limit_cap=METERED_CAP if metered else None,
     )
 
 
-registrations = [_registration(agent_id) for agent_id in SCRIPTS]
+def _task_registration(name: str) -> AgentRegistration:
+    """A task's registration, with the soak's heartbeat timeout (for its bookkeeping model
+    requests; the task's call has its own) and model retries."""
+    registration = TaskRegistration(
+        TASKS[name], version=VERSION, recovery=TASK_RECOVERY[name], retry=TOOL_RETRY
+    )
+    return dataclasses.replace(
+        registration,
+        heartbeat_timeout=HEARTBEAT,
+        model_retry=None if os.environ.get("CHAOS_NO_MODEL_RETRY") else MODEL_RETRY,
+    )
+
+
+def registrations() -> list[AgentRegistration]:
+    """Every agent and task the soak's workers host (`--agents chaos_agents:registrations`).
+
+    The MCP toolset is built here, not at import: its server and lock file exist only
+    while a soak runs (`$CHAOS_MCP_URL`, `$CHAOS_MCP_LOCK`). Without them the
+    `archivist` agent is left out (the soak always sets them)."""
+    url, lock = os.environ.get("CHAOS_MCP_URL"), os.environ.get("CHAOS_MCP_LOCK")
+    mcp_tools = records_toolset(url, lock).tools if url and lock else ()
+    agents = [a for a in SCRIPTS if a != "archivist" or (url and lock)]
+    return [
+        *(_registration(agent_id, mcp_tools) for agent_id in agents),
+        *(_task_registration(name) for name in TASKS),
+    ]

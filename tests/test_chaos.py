@@ -1,16 +1,21 @@
 """The small chaos soak (`benchmarks/chaos.py --small`), run as CI runs it, and the check
 every soak ends with: each execution replayed as a freshly started worker would.
 
-The soak starts its own dev server, ticket service and worker processes,
-SIGKILLs workers, restarts the server once, and checks the tools' journals;
-see the script's docstring. Its replay check is tested apart, on the histories
-of runs the query race wedged (`tests/wedged/`, issue 26), with no server: a
-soak whose histories all replayed proves nothing about a check that never fails.
+The soak starts its own dev server, ticket service, MCP server and worker
+processes, runs every agent kind (single runs, sessions, parallel calls,
+subagents and tasks, limits that park, an MCP tool), SIGKILLs workers,
+restarts the server once, and checks the tools' journals; see the script's
+docstring. Its replay check is tested apart, on the histories of runs the
+query race wedged (`tests/wedged/`, issue 26), with no server: a soak whose
+histories all replayed proves nothing about a check that never fails. So are
+the session agent's scripts: a soak that reads an earlier submission the model
+never saw proves nothing either.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -24,6 +29,7 @@ from temporalio.client import WorkflowHistory
 
 from durably._converter import durable_converter
 from durably.codec import EncryptionKeyError, EncryptionKeys
+from durably.messages import Message, ModelRequest, ToolResultMessage, UserMessage
 
 ROOT = Path(__file__).resolve().parent.parent
 SOAK = ROOT / "benchmarks" / "chaos.py"
@@ -44,6 +50,12 @@ def soak_module() -> ModuleType:
     if str(SOAK.parent) not in sys.path:
         sys.path.insert(0, str(SOAK.parent))
     return importlib.import_module("chaos")
+
+
+def agents_module() -> ModuleType:
+    """`benchmarks/chaos_agents.py`, the soak's agents."""
+    soak_module()
+    return importlib.import_module("chaos_agents")
 
 
 def execution(path: Path) -> tuple[str, str, WorkflowHistory]:
@@ -116,6 +128,47 @@ class TestReplayCheck:
         assert lines[0] == "histories replayed: 2, replay failures: 2", lines
 
 
+class TestSessionScripts:
+    async def test_a_later_submission_numbers_its_calls_apart_and_reads_the_earlier_ones(
+        self,
+    ) -> None:
+        """The second run of a session plays its script from its own message on, with call
+        ids of its own, and its answer lists the earlier submission and its answer."""
+        agents = agents_module()
+        model = agents.scripted(agents.SESSION_AGENT)
+        first: list[Message] = [UserMessage(content="message 1")]
+        for turn in agents.SCRIPTS[agents.SESSION_AGENT]:
+            answer = await model.request(ModelRequest(instructions="", messages=tuple(first)))
+            calls = answer.message.tool_calls
+            assert [c.name for c in calls] == [name for name, _ in turn]
+            first += [answer.message]
+            first += [
+                ToolResultMessage(call_id=c.call_id, tool=c.name, content="ok") for c in calls
+            ]
+        done = await model.request(ModelRequest(instructions="", messages=tuple(first)))
+        first += [done.message]
+
+        second = (*first, UserMessage(content="message 2"))
+        answer = await model.request(ModelRequest(instructions="", messages=second))
+
+        assert [c.call_id for c in answer.message.tool_calls] == ["m2t1-1", "m2t1-2"]
+        results = tuple(
+            ToolResultMessage(call_id=c.call_id, tool=c.name, content="ok")
+            for c in answer.message.tool_calls
+        )
+        later = (*second, answer.message, *results)
+        turn2 = await model.request(ModelRequest(instructions="", messages=later))
+        assert [c.call_id for c in turn2.message.tool_calls] == ["m2t2-1"]
+        results = (ToolResultMessage(call_id="m2t2-1", tool="create_ticket", content="ok"),)
+        final = await model.request(
+            ModelRequest(instructions="", messages=(*later, turn2.message, *results))
+        )
+        said = json.loads(final.message.content or "")
+        assert said["earlier"] == ["message 1"] and said["earlier_answers"] == 1
+        assert sorted(said["results"]) == ["tool:1:m2t1-1", "tool:1:m2t1-2", "tool:2:m2t2-1"]
+        assert said["problems"] == []
+
+
 class TestChaosSoak:
     @pytest.mark.timeout(660)
     def test_the_small_soak_loses_nothing_and_repeats_no_effect(self) -> None:
@@ -140,6 +193,7 @@ class TestChaosSoak:
         assert count(out, "runs completed") == count(out, "runs started") > 0, shown
         for name in (
             "runs lost",
+            "runs never started",
             "duplicate idempotent effects",
             "manual calls executed twice",
             "manual duplicate effects",
@@ -147,8 +201,24 @@ class TestChaosSoak:
             "denied calls executed",
             "outputs disagreeing with the journal",
             "failed runs retried",
+            "sessions whose runs are not their submissions, in order, completed",
+            "sessions with a submission accepted twice or not at all",
+            "session runs that did not read every earlier message",
+            "tool calls started before the raise they needed",
+            "MCP writes applied twice (several operation ids for one call)",
+            "MCP writes of completed runs not applied once under their call",
         ):
             assert count(out, name) == 0, f"{name}\n{shown}"
+        # Every kind ran: sessions (closed), limits that parked, tasks, an MCP tool.
+        assert count(out, "sessions closed") == count(out, "sessions") > 0, shown
+        assert (
+            count(out, "metered runs parked on their limit and raised before each later call")
+            == count(out, "metered runs")
+            > 0
+        ), shown
+        assert count(out, "task runs started with start_task") > 0, shown
+        assert count(out, "task runs owned by an agent (child runs)") > 0, shown
+        assert count(out, "MCP writes applied") > 0, shown
         replayed = re.search(
             r"^histories replayed: (\d+), replay failures: (\d+)$", out, re.MULTILINE
         )
