@@ -103,8 +103,6 @@ class Run:
     commands: list[str] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)  # in the order they began
     running: dict[str, tuple[OperationKey, ToolCall]] = field(default_factory=dict)
-    awaiting: dict[str, None] = field(default_factory=dict)  # `_interact`s waiting
-    in_order: bool = False
     step: RequestModel | None = None
     published: str | None = None
 
@@ -148,29 +146,13 @@ class Run:
                 continue
             interaction = self.m.ask(key, call, policy, now=NOW)
             self.publish()
-            self.awaiting[interaction.id] = None
-            if len(self.awaiting) > 1 and not self.in_order:
-                self.commands.append("marker durably-answers-in-order")  # a new run: patched
-                self.in_order = True
             self.wait(
-                lambda i=interaction: self.m.answered(i) and self.answer_turn(i.id),
+                lambda i=interaction: self.m.answered(i),
                 lambda k=key, c=call, i=interaction: self.answered(k, c, i),
             )
 
-    def answer_turn(self, interaction_id: str) -> bool:
-        """`_answer_turn`: answers accepted earlier go first."""
-        if not self.in_order:
-            return True
-        for earlier in self.m.s.answered:
-            if earlier == interaction_id:
-                return True
-            if earlier in self.awaiting:
-                return False
-        return True
-
     def answered(self, key: OperationKey, call: ToolCall, interaction: Interaction) -> None:
         """`_interact` after its wait: the call runs, or its answer is its result."""
-        del self.awaiting[interaction.id]
         if self.m.take_answer(interaction, call) is None:
             self.publish()
             self.start_tool(key, call)

@@ -207,15 +207,6 @@ PATCH_SIGNALS_COMMUTE = "durably-signals-commute"
 # release cannot go past it (its replay fails on the marker), so it never runs a discarded
 # manual call again.
 PATCH_REPAIR = "durably-repair"
-# What changed next (SPEC section 22): when several approvals or questions of one turn wait
-# at once, their answers are taken in the order they were accepted, not in the order the
-# calls asked. Answers accepted in one activation were otherwise taken in the calls' order,
-# and in the order they came when a worker had applied them in activations of their own,
-# so the commands that follow (a status upsert, a call scheduled) could differ between a
-# live worker and a replay. Checked when a second interaction of a turn starts waiting (a
-# point every split of a task reaches alike), so runs that never wait on two record no
-# marker.
-PATCH_ANSWERS_IN_ORDER = "durably-answers-in-order"
 # Every patch since 0.1.0, oldest first.
 PATCHES: tuple[str, ...] = (
     PATCH_HARDENED,
@@ -225,7 +216,6 @@ PATCHES: tuple[str, ...] = (
     PATCH_LIMITS,
     PATCH_SIGNALS_COMMUTE,
     PATCH_REPAIR,
-    PATCH_ANSWERS_IN_ORDER,
 )
 
 T = TypeVar("T")
@@ -249,10 +239,6 @@ class AgentRunWorkflow:
         self._seed_fidelity = workflow.patched(PATCH_SEED_FIDELITY)
         self._parallel = workflow.patched(PATCH_PARALLEL_TOOLS)
         self._commute: bool | None = None  # see `_signals_commute`
-        # The interactions whose `_interact` waits for an answer, and whether answers are
-        # taken in the order they were accepted (`_answer_turn`).
-        self._awaiting: dict[str, None] = {}
-        self._in_order = False
         self._limits_on: bool | None = None  # see `_limits_apply`
         state, self._input_problem = initial_state(
             payload, info, hardened=self._hardened, limits_apply=self._limits_apply
@@ -415,18 +401,12 @@ class AgentRunWorkflow:
         m = self._m
         interaction = m.ask(key, call, policy, now=workflow.now())
         self._publish()
-        self._awaiting[interaction.id] = None
-        if len(self._awaiting) > 1 and not self._in_order:
-            self._in_order = workflow.patched(PATCH_ANSWERS_IN_ORDER)
-        try:
-            answered = await self._wait(
-                lambda: m.answered(interaction) and self._answer_turn(interaction.id),
-                until=m.deadline(interaction, policy, workflow.now()),
-                summary=f"{interaction.type} timeout {interaction.id}",
-            )
-        finally:
-            self._awaiting.pop(interaction.id, None)
-        if not answered and not (self._in_order and m.answered(interaction)):
+        answered = await self._wait(
+            lambda: m.answered(interaction),
+            until=m.deadline(interaction, policy, workflow.now()),
+            summary=f"{interaction.type} timeout {interaction.id}",
+        )
+        if not answered:
             m.time_out(interaction, policy)
         result = m.take_answer(interaction, call)
         self._publish()
@@ -1063,20 +1043,6 @@ class AgentRunWorkflow:
             self._m.event(EventType.SIGNAL_REJECTED, detail=f"{err.kind}: {err.message}")
             return None
         return parsed
-
-    def _answer_turn(self, interaction_id: str) -> bool:
-        """Whether this answered interaction is taken now: always, unless answers go in
-        order (`PATCH_ANSWERS_IN_ORDER`); then only once every waiting interaction whose
-        answer was accepted before it has been taken. Only waits still open hold others
-        back, so the earliest accepted answer is always free to go."""
-        if not self._in_order:
-            return True
-        for earlier in self._m.s.answered:
-            if earlier == interaction_id:
-                return True
-            if earlier in self._awaiting:
-                return False
-        return True
 
     def _signals_commute(self) -> bool:
         """Whether signals are handled as `PATCH_SIGNALS_COMMUTE` says: asked when the run
