@@ -7,12 +7,14 @@ other jobs (an activity's result, a timeout) in an activation of their own
 the same commands, or its history does not replay.
 
 This drives `RunMachine` the way `AgentRunWorkflow` does, with a small model of
-the SDK's scheduling: in each activation, signal handlers run first, then the
-continuations of resolved jobs, then waits whose condition holds, until nothing
-moves. The commands are what the workflow would send Temporal (a status upsert,
-a scheduled tool call), and every split of a task must give the same ones, the
-same decisions and the same events (in the snapshot's order or not: see
-`Run.outcome`). Hypothesis picks the task.
+temporalio 1.35's scheduling (`Run.activation`): in each activation, the signal
+handlers and the waits they free run first, until nothing moves; then the other
+jobs are applied, and their continuations and the waits they free run. The
+commands are what the workflow would send Temporal (a status upsert, a scheduled
+tool call). For the tasks Hypothesis picks, every split must give the same
+commands, decisions and events (in the snapshot's order or not: see
+`Run.outcome`); `TestSplitsThatDoNotCommute` states the splits that do not, which
+only the query guard (or a worker without a cache) keeps from being written.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from durably._transcript import EMPTY_DIGEST
@@ -208,17 +210,29 @@ class Run:
         self.waiters.append(Waiter(holds, then))
 
     def activation(self, jobs: Sequence[Job]) -> None:
-        """One activation as the SDK runs it: every job applied, signal handlers first,
-        then the other jobs' continuations, then condition passes (each checks every
-        wait in the order they began, then runs those that hold) until none holds."""
-        for job in jobs:
-            if isinstance(job, Respond):
-                self.on_signal(job)
-        for job in jobs:
+        """One activation as temporalio 1.35 runs it (its default, "legacy" order: the
+        flag that would apply every job as one batch is off): the signals first, each
+        handler and every wait whose condition then holds run until nothing moves; then
+        the other jobs, and again until nothing moves. So a signal is handled before the
+        other jobs of its activation are even applied, unless what it waits for holds
+        it back."""
+        signals = [job for job in jobs if isinstance(job, Respond)]
+        for job in signals:
+            self.on_signal(job)
+        if signals:
+            self.settle()
+        others = [job for job in jobs if not isinstance(job, Respond)]
+        for job in others:
             if isinstance(job, Answer):
                 self.on_answer(job)
             elif isinstance(job, ToolDone):
                 self.on_tool(job)
+        if others:
+            self.settle()
+
+    def settle(self) -> None:
+        """Condition passes: each checks every wait in the order they began, then runs
+        those that held, until none holds."""
         while ready := [w for w in self.waiters if w.holds()]:
             for waiter in ready:
                 self.waiters.remove(waiter)
@@ -284,14 +298,23 @@ _IDS = st.sampled_from(
 _RESPONSES = st.lists(st.builds(Respond, _IDS, st.booleans()), max_size=3)
 
 
+def _asked(calls: Sequence[str]) -> set[str]:
+    """The interactions an answer with these calls asks (one approval per `pay`)."""
+    return {f"approval:1:c{i}" for i, name in enumerate(calls) if name == "pay"}
+
+
 class TestSplitsOfOneTask:
     @settings(max_examples=60, deadline=None)
     @given(calls=_CALLS, responses=_RESPONSES, cut=st.integers(min_value=0, max_value=3))
     def test_responses_in_the_task_of_the_answer_asking_for_them(
         self, calls: list[str], responses: list[Respond], cut: int
     ) -> None:
-        """The model's answer and responses (to what it asks, or to nothing) in one task:
-        every split gives the same commands, events and state."""
+        """The model's answer and responses in one task, the responses answering at most
+        one of the interactions it asks (and any number of nothing, or of another
+        turn): every split gives the same commands, events and state. A response that
+        comes while the model request is out waits for its answer, so it is taken after
+        the answer whether the worker applied them apart or together."""
+        assume(len({r.interaction_id for r in responses} & _asked(calls)) <= 1)
         cut = min(cut, len(responses))
         task: list[Job] = [*responses[:cut], Answer(tuple(calls)), *responses[cut:]]
 
@@ -304,12 +327,13 @@ class TestSplitsOfOneTask:
         finished=st.lists(st.booleans(), min_size=3, max_size=3),
         order=st.permutations(range(3)),
     )
-    def test_responses_after_tool_results_and_timeouts(
+    def test_refused_responses_beside_tool_results_and_timeouts(
         self, calls: list[str], responses: list[Respond], finished: list[bool], order: list[int]
     ) -> None:
         """Calls asked and started in an earlier task; this task brings their results or
-        timeouts (a manual call parks), then responses, as when an operator answers what
-        a snapshot showed: every split gives the same commands."""
+        timeouts (a manual call parks), then responses to nothing pending (forged, late,
+        of another turn): every split gives the same commands, and the same refusals."""
+        assume(not {r.interaction_id for r in responses} & _asked(calls))
         answer = Answer(tuple(calls))
         tools = [
             ToolDone(f"c{i}", ok)
@@ -331,16 +355,42 @@ class TestSplitsOfOneTask:
         assert len(outcomes([], task, commute=False)) == 2
         assert len(outcomes([], task, commute=True)) == 1
 
-    def test_a_response_before_an_unrelated_timeout_is_the_split_that_does_not_commute(
-        self,
-    ) -> None:
-        """What no handler can make commute (docs/design.md): a denial that came *before*
-        an unrelated call's timeout, split from it. Applied first, alone, the run is running
-        a moment (an upsert); applied after the timeout, it stays failed. Only a worker that
-        never applies a task's events early (the query guard) keeps this replayable."""
+    def test_a_response_before_an_unrelated_timeout_commutes(self) -> None:
+        """A denial that came *before* an unrelated call's timeout: signals come first on
+        replay, and first live whether or not the worker applied the timeout apart."""
         task: list[Job] = [Respond("approval:1:c0", approved=False), ToolDone("c1", ok=False)]
 
+        assert len(outcomes([[Answer(("pay", "lookup"))]], task, commute=True)) == 1
+
+
+class TestSplitsThatDoNotCommute:
+    """What no handler can make commute (docs/design.md, "The query race"): only a worker
+    that never applies a task's events early (the query guard, or no cache) keeps these
+    replayable. Each states the split that differs, so a change that makes one commute
+    shows here."""
+
+    def test_a_response_after_an_unrelated_timeout(self) -> None:
+        """A denial that came *after* an unrelated call's timeout, split from it: live, the
+        call parks first (the run fails its turn: an upsert) and the denial comes after;
+        on replay the denial comes first (signals first) and the run is running a moment."""
+        task: list[Job] = [ToolDone("c1", ok=False), Respond("approval:1:c0", approved=False)]
+
         assert len(outcomes([[Answer(("pay", "lookup"))]], task, commute=True)) == 2
+
+    def test_two_answers_in_the_task_of_the_answer_asking_for_them_split_between_them(
+        self,
+    ) -> None:
+        """Two approvals asked by one answer, both answered in its task, the first applied
+        with the answer and the second alone: live, the first call is scheduled while
+        the second still waits; on replay both answers are in before either call goes
+        on, and the denial taken first makes the run running before the schedule."""
+        task: list[Job] = [
+            Answer(("pay", "pay")),
+            Respond("approval:1:c1", approved=True),
+            Respond("approval:1:c0", approved=False),
+        ]
+
+        assert len(outcomes([], task, commute=True)) == 2
 
 
 def test_every_split_is_tried() -> None:

@@ -193,12 +193,12 @@ PATCH_SUBAGENTS = "durably-subagents"
 # only where a limit would change what the run does (`RunMachine`'s `limits_apply`), so
 # runs that never reach one record no marker for it.
 PATCH_LIMITS = "durably-limits"
-# What changed next (SPEC section 22): a signal is applied after the other jobs of its
-# activation, and a response that comes while the model request is out (or a subagent's
-# note while its child is being started) waits for that answer (or start) instead of being
-# refused. On replay a workflow task's signals come first; live, a worker that answered a
-# query first may have applied the task's other events early, and the signal then comes
-# alone: both orders now give the same commands (`docs/design.md`, "The query race").
+# What changed next (SPEC section 22): a response that comes while the model request is out
+# (or a subagent's note while its child is being started) waits for that answer (or start)
+# instead of being refused. On replay a workflow task's signals come first; live, a worker
+# that answered a query first may have applied the task's other events early, and the
+# signal then comes alone: for these, both orders now give the same commands
+# (`docs/design.md`, "The query race", says which splits still differ).
 # Checked when a run handles its first signal, so runs that take none record no marker.
 PATCH_SIGNALS_COMMUTE = "durably-signals-commute"
 # What changed next (SPEC section 22): a run reset by `durably repair` reads what the reset
@@ -1000,8 +1000,11 @@ class AgentRunWorkflow:
             await self._repair(payload)
             return
         if self._signals_commute():
-            # After the other jobs of its activation, as when a worker applied those early
-            # and this signal came alone (see `PATCH_SIGNALS_COMMUTE`).
+            # One condition pass first. temporalio 1.35 runs an activation's signals, and
+            # the waits they free, before it applies the activation's other jobs, so today
+            # this changes no order; with the SDK's single-batch flag (off by default, not
+            # set by durably) it puts the signal after the other jobs' continuations. What
+            # makes a split commute today are the waits below (`PATCH_SIGNALS_COMMUTE`).
             await workflow.wait_condition(lambda: True)
         if name == Handler.SESSION_ADVANCED and self._in_failed_session_run():
             self._advanced = True
