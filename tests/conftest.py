@@ -87,20 +87,30 @@ _METRICS_PORT: list[int] = []
 
 @pytest.fixture(scope="session")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    _METRICS_PORT[:] = free_ports(1)
-    async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary("temporal"),
-        search_attributes=SEARCH_ATTRIBUTES,
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            "history.transferProcessorMaxPollRPS=1000",
-            "--namespace",
-            QUIET_NAMESPACE,
-            "--metrics-port",
-            str(_METRICS_PORT[0]),
-        ],
-    ) as env:
-        yield env
+    # The server picks some ports itself, and another server starting on this machine
+    # (the other test process, a soak) can take one first: start again on new ports.
+    for attempt in range(3):
+        _METRICS_PORT[:] = free_ports(1)
+        try:
+            started = await WorkflowEnvironment.start_local(
+                dev_server_existing_path=binary("temporal"),
+                search_attributes=SEARCH_ATTRIBUTES,
+                dev_server_extra_args=[
+                    "--dynamic-config-value",
+                    "history.transferProcessorMaxPollRPS=1000",
+                    "--namespace",
+                    QUIET_NAMESPACE,
+                    "--metrics-port",
+                    str(_METRICS_PORT[0]),
+                ],
+            )
+        except RuntimeError:
+            if attempt == 2:
+                raise
+            continue
+        async with started as env:
+            yield env
+        return
 
 
 async def server_metric(name: str, **labels: str) -> float:

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -383,3 +384,37 @@ async def test_python_m_durably_runs_the_cli() -> None:
     assert proc.returncode == 0, err.decode()
     for command in ("dev", "worker", "start", "runs", "cancel"):
         assert command in out.decode()
+
+
+async def test_a_dev_server_that_lost_a_port_race_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server picks some of its ports itself, and another process can take one
+    before it binds it (seen when a soak and a test session started servers at
+    once): that start fails with "address already in use", and the next one, on
+    new ports, serves."""
+    import durably.dev
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken_port = squatter.getsockname()[1]
+    picks: list[int] = []
+    real = durably.dev._free_port
+
+    def first_pick_taken(host: str, taken: set[int]) -> int:
+        port = taken_port if not picks else real(host, taken)
+        picks.append(port)
+        return port
+
+    monkeypatch.setattr(durably.dev, "_free_port", first_pick_taken)
+    port, ui_port = free_ports(2)
+    server = DevServer(db=tmp_path / "t.db", port=port, ui_port=ui_port)
+    try:
+        async with server:
+            assert await server.client.count_workflows() is not None
+        log = server.log_path.read_text()
+        assert f"{taken_port}: bind: address already in use" in log, log
+        assert len(picks) >= 4  # two ports per start, and it started twice
+    finally:
+        squatter.close()

@@ -163,8 +163,9 @@ class DevServer:
         args += DEV_SERVER_ARGS
         return [*args, "--log-level", "warn"]
 
-    async def start(self, *, ready_within: float = 60.0) -> Client:
-        """Start the server and wait until it serves; stops it again on failure."""
+    async def start(self, *, ready_within: float = 60.0, attempt: int = 0) -> Client:
+        """Start the server and wait until it serves; stops it again on failure (and starts
+        it again, up to twice, when it lost a race for a port it chose itself)."""
         if self._proc is not None:
             raise DevServerError("this dev server is already started")
         binary = self._binary or find_temporal()
@@ -177,6 +178,7 @@ class DevServer:
         try:
             self.db.parent.mkdir(parents=True, exist_ok=True)
             log = _open_log(self.log_path)
+            logged_before = os.fstat(log).st_size
         except OSError as err:
             raise DevServerError(
                 f"cannot use {self.db} for the dev server's database ({err}); pick a writable "
@@ -195,10 +197,28 @@ class DevServer:
             os.close(log)
         try:
             self._client = await self._wait_ready(ready_within)
+        except DevServerError:
+            await self.stop()
+            if attempt < _BIND_RETRIES and self._lost_a_port_race(logged_before):
+                return await self.start(ready_within=ready_within, attempt=attempt + 1)
+            raise
         except BaseException:
             await self.stop()
             raise
         return self._client
+
+    def _lost_a_port_race(self, logged_before: int) -> bool:
+        """Whether the server exited because a port it picked for itself (its history,
+        matching and worker services take free ports, with no flag to choose them) was
+        taken by another process meanwhile: a race with whatever else starts on this
+        machine, which a second start with new ports wins."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(logged_before)
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return False
+        return "address already in use" in text
 
     async def stop(self, *, grace: float = 10.0) -> None:
         """Terminate the server's process group; kill it if it outlives `grace` seconds."""
@@ -274,6 +294,9 @@ class DevServer:
             return f"Its log ({self.log_path}) could not be read."
         tail = "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty)"
         return f"Last lines of its log ({self.log_path}):\n{tail}"
+
+
+_BIND_RETRIES = 2
 
 
 def dev_key_file(state_dir: str | os.PathLike[str], *, create: bool = True) -> Path | None:
