@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -43,10 +44,12 @@ from durably.models import last_tool_results
 from durably.workflows import AgentRunWorkflow
 
 from .conftest import (
+    TASK_BOOKKEEPING,
     Runtimes,
     binary,
     chain_histories,
     cli,
+    eventually,
     failed_tasks,
     history_length,
     record_history,
@@ -376,11 +379,39 @@ class TestRaiseLimitsFromAnyCaller:
             expected = ("RuntimeError",) if args == [deep] else DURABLY_REJECTIONS
             assert cause.type in expected, cause
             assert cause.message and len(cause.message) < 2_000
+        assert await history_length(client, run) == before
+        events_before = (await raw.fetch_history()).events
         await raw.signal(Handler.RAISE_LIMITS, {"limits": {"tool_calls": 5}})
-        assert await history_length(client, run) == before + 1  # the signal alone
+
+        async def rejected() -> bool:
+            return any(e.type == "signal_rejected" for e in (await run.snapshot()).events)
+
+        await eventually(rejected)
+        # The signal, and the marker of `durably-signals-commute` (the run's first signal),
+        # beside the bookkeeping of the task that took it.
+        # The signal, and the marker of `durably-signals-commute` (the run's first signal)
+        # with the SDK's `TemporalChangeVersion` upsert, beside the bookkeeping of the task
+        # that took it: no state of the run's own.
+        added = [
+            e
+            for e in (await raw.fetch_history()).events[len(events_before) :]
+            if e.event_type not in TASK_BOOKKEEPING
+        ]
+        assert sorted(EventType.Name(e.event_type) for e in added) == [
+            "EVENT_TYPE_MARKER_RECORDED",
+            "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES",
+            "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED",
+        ], added
+        upserted = [
+            set(
+                e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            )
+            for e in added
+            if e.HasField("upsert_workflow_search_attributes_event_attributes")
+        ]
+        assert upserted == [{"TemporalChangeVersion"}]
         snap = await run.snapshot()
         assert snap.status == RunStatus.NEEDS_ATTENTION and snap.limits == UsageLimits(tool_calls=1)
-        assert any(e.type == "signal_rejected" for e in snap.events)
         assert failed_tasks(await chain_histories(client, run.run_id)) == []
         await run.raise_limits({"tool_calls": 3})
         assert (await run.result()).usage.tool_calls == 3 and len(looked_up) == 3
