@@ -200,12 +200,14 @@ class TestRejectedResolutions:
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
         started = asyncio.Event()
+        release = asyncio.Event()
 
         @tool
         async def wait_here(args: Ticket, ctx: ToolContext) -> TicketId:
-            """Block until aborted."""
+            """Block until the test is done (a cancelled run's call hears of it only at
+            its next heartbeat, or when the worker shuts down)."""
             started.set()
-            await ctx.abort_signal.wait()
+            await release.wait()
             return TicketId(ticket_id="x")
 
         agent = Agent(
@@ -226,6 +228,7 @@ class TestRejectedResolutions:
 
         assert await history_length(client, run) == before
         await run.cancel()
+        release.set()
 
 
 class TestSafeAndIdempotentTools:
