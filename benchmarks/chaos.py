@@ -730,6 +730,9 @@ class Tally:
     children_from_parent: set[str] = field(default_factory=set)  # parent's children
     parents_parked: set[str] = field(default_factory=set)  # seen with subagent_failed
     children_fixed: Counter[str] = field(default_factory=Counter)  # child -> register fixes
+    # Retries after a fix whose answer never came back (the server restarting): they may
+    # still have been applied, and the child then runs again with no confirmed retry.
+    children_retry_unconfirmed: Counter[str] = field(default_factory=Counter)
     # Limits: runs seen parked `budget_exceeded`, raises the run confirmed, raises it
     # refused (the run had moved on), raises whose answer never came back.
     parked_on_limit: Counter[str] = field(default_factory=Counter)  # run -> times seen
@@ -1337,7 +1340,13 @@ class Soak:
             if self.register_down(snap):
                 # On purpose: fix the payee register, then retry the child.
                 self.tickets.fix(run_id)
-                await run.retry()
+                try:
+                    await run.retry()
+                except DurableConflictError:
+                    raise
+                except BaseException:
+                    t.children_retry_unconfirmed[run_id] += 1
+                    raise
                 t.children_fixed[run_id] += 1
                 log(f"child {run_id} failed: the payee register is down; fixed it, retried")
                 return
@@ -1531,7 +1540,10 @@ class Soak:
                         f"{run_id}: {parent.usage.requests} model requests, fewer than its "
                         f"own {own} + its child's {child.usage.requests}"
                     )
-                fixed = self.tally.children_fixed[expected]
+                fixed = (
+                    self.tally.children_fixed[expected]
+                    + self.tally.children_retry_unconfirmed[expected]
+                )
                 down = self.tickets.down[expected]
                 if run_id in self.flaky:
                     stats["children failed on purpose (register down), fixed, retried"] += 1
@@ -2095,6 +2107,10 @@ class Soak:
                 ds["children failed on purpose (register down), fixed, retried"],
             ),
             ("  child retries", sum(t.children_fixed.values())),
+            (
+                "  child retries unconfirmed (may still be applied)",
+                sum(t.children_retry_unconfirmed.values()),
+            ),
             ("  parents seen parked (subagent_failed)", len(t.parents_parked)),
             (
                 "  child runs' manual calls seen needs_attention (tool_interrupted)",
