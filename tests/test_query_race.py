@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory, WorkflowQueryFailedError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -41,7 +43,7 @@ from durably import (
     RunHandle,
     RunStatus,
 )
-from durably._query_guard import refused
+from durably._query_guard import ask, refused
 from durably._replay import replay, task_failures
 from durably.contract import Handler, RunSnapshot
 from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
@@ -355,3 +357,68 @@ class TestRepair:
 
 async def _history(client: DurableClient, run: RunHandle) -> WorkflowHistory:
     return await client.temporal.get_workflow_handle(run.run_id).fetch_history()
+
+
+# A workflow whose workflow task fails (a bug, or a worker that died holding it) until
+# the test lets it through: between attempts the server answers no query.
+_TASK_FAILS = {"now": True}
+
+
+@workflow.defn(name="durably-test-failing-task", sandboxed=False)
+class _FailingTask:
+    def __init__(self) -> None:
+        self._poked = False
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: self._poked)
+        if _TASK_FAILS["now"]:
+            raise RuntimeError("this workflow task fails until the test says otherwise")
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.signal
+    def poke(self) -> None:
+        self._poked = True
+
+    @workflow.query
+    def ready(self) -> str:
+        return "ready"
+
+
+class TestPatientAsk:
+    async def test_a_patient_query_waits_while_the_runs_workflow_task_is_retried(
+        self, env: WorkflowEnvironment
+    ) -> None:
+        """A session's next run reads the earlier run's transcript by query; the server
+        refuses every query while that run's workflow task is on a later attempt (seen in
+        the 2,500-run soak, after a kill): the patient ask waits it out instead of failing
+        the model request."""
+        _TASK_FAILS["now"] = True
+        task_queue = f"failing-{uuid.uuid4().hex[:8]}"
+        async with Worker(
+            env.client,
+            task_queue=task_queue,
+            workflows=[_FailingTask],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ):
+            handle = await env.client.start_workflow(
+                _FailingTask.run, id=f"failing-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+            )
+            assert await ask(handle, "ready", result_type=str) == "ready"
+            await handle.signal(_FailingTask.poke)
+
+            async def task_retried() -> bool:
+                pending = (await handle.describe()).raw_description.pending_workflow_task
+                return pending.attempt > 2
+
+            await eventually(task_retried)
+            with pytest.raises(RPCError) as impatient:
+                await ask(handle, "ready", result_type=str)
+            assert impatient.value.status == RPCStatusCode.FAILED_PRECONDITION
+
+            answer = asyncio.create_task(
+                ask(handle, "ready", result_type=str, patient=True, within=timedelta(minutes=2))
+            )
+            _TASK_FAILS["now"] = False  # the next attempt (Temporal's backoff) gets through
+            assert await answer == "ready"
+            await handle.terminate()

@@ -63,6 +63,10 @@ _UNANSWERED = (
     RPCStatusCode.CANCELLED,
     RPCStatusCode.DEADLINE_EXCEEDED,
     RPCStatusCode.UNAVAILABLE,
+    # "Unable to query workflow due to Workflow Task in failed state": the run's workflow
+    # task is on a second attempt (its worker died holding it, or it timed out), and
+    # the server answers no query until a worker completes it.
+    RPCStatusCode.FAILED_PRECONDITION,
 )
 # The id Temporal gives a query delivered as a task of its own.
 _LEGACY_QUERY_ID = "legacy_query"
@@ -166,7 +170,8 @@ async def ask(
     sticky queue lets go of it within `durably.worker.STICKY_TIMEOUT`. A `patient`
     caller (an activity that needs the answer, and heartbeats meanwhile) also asks
     again when no worker answered in time (the run's worker died, or the machine is
-    too loaded to answer within the RPC's deadline), up to `within`.
+    too loaded to answer within the RPC's deadline) or the run's workflow task is
+    being retried, up to `within`.
     """
     delay = 0.05
     loop = asyncio.get_running_loop()
