@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, ResetReapplyExcludeType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowHistory
@@ -98,6 +98,13 @@ async def _reset(client: Client, run_id: str, current: str, to: int, reason: str
             reason=reason[:_REASON_KEPT],
             workflow_task_finish_event_id=to,
             request_id=str(uuid.uuid4()),
+            # Temporal would admit the discarded run's updates again in the new run's
+            # first task, beside the repair signal: a resolution or a raise taken again
+            # there, in whatever order a live worker applies them, is the split that
+            # wedged the run (seen repairing a run of the 2,500-run soak). Discarded
+            # decisions are asked for again instead (`RepairReport`); signals are kept:
+            # the repair signal travels that way.
+            reset_reapply_exclude_types=[ResetReapplyExcludeType.RESET_REAPPLY_EXCLUDE_TYPE_UPDATE],
         )
     )
     return reset.run_id
