@@ -65,6 +65,7 @@ from durably import (
     ToolCall,
     tool,
 )
+from durably._query_guard import ask
 from durably.contract import (
     ACTIVITY_MODEL,
     ACTIVITY_TOOL,
@@ -243,9 +244,7 @@ class DurablySystem(System):
 
     async def transcript_order(self, workflow_id: str) -> list[str] | None:
         handle = self.durable.temporal.get_workflow_handle(workflow_id)
-        page: TranscriptPage = await handle.query(
-            Handler.TRANSCRIPT, args=[0, None], result_type=TranscriptPage
-        )
+        page = await ask(handle, Handler.TRANSCRIPT, 0, None, result_type=TranscriptPage)
         return [m.call_id for m in page.messages if isinstance(m, ToolResultMessage)]
 
 

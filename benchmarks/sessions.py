@@ -122,6 +122,7 @@ from durably import (
     SessionHandle,
     ToolCall,
 )
+from durably._query_guard import ask
 from durably._transcript.cache import TranscriptCache
 from durably.contract import SEARCH_ATTRIBUTES, SessionHandler, TranscriptPage
 from durably.messages import ToolResultMessage, UserMessage
@@ -407,8 +408,8 @@ class DurablySystem(System):
         handle = self.env.client.get_workflow_handle(self.session.session_id)
         sizes: list[int] = []
         while True:
-            page_: TranscriptPage = await handle.query(
-                SessionHandler.TRANSCRIPT, args=[len(sizes), None], result_type=TranscriptPage
+            page_ = await ask(
+                handle, SessionHandler.TRANSCRIPT, len(sizes), None, result_type=TranscriptPage
             )
             sizes += [len(m.model_dump_json().encode()) for m in page_.messages]
             if len(sizes) >= page_.total or not page_.messages:

@@ -34,6 +34,7 @@ from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, User
 from durably.models import last_tool_results
 
 HEARTBEAT = timedelta(seconds=3)
+SLOW_HEARTBEAT = timedelta(seconds=14)
 
 
 class Ticket(BaseModel):
@@ -137,7 +138,13 @@ def scripted(
     return FunctionModel(hanging, name=f"crash-tests.{agent_id}")
 
 
-def _agent(agent_id: str, tool_name: str, recovery: str, **kw: bool) -> AgentRegistration:
+def _agent(
+    agent_id: str,
+    tool_name: str,
+    recovery: str,
+    heartbeat_timeout: timedelta = HEARTBEAT,
+    **kw: bool,
+) -> AgentRegistration:
     tools = {t.name: t for t in (manual_hang, safe_hang_once, idempotent_effect, quick)}
     agent = Agent(
         id=agent_id,
@@ -150,7 +157,7 @@ def _agent(agent_id: str, tool_name: str, recovery: str, **kw: bool) -> AgentReg
         version="1",
         tool_recovery={tool_name: recovery},  # type: ignore[dict-item]
         tool_retry=ToolRetry(max_attempts=5, initial_delay_ms=100, max_delay_ms=500),
-        heartbeat_timeout=HEARTBEAT,
+        heartbeat_timeout=heartbeat_timeout,
     )
 
 
@@ -292,6 +299,9 @@ registrations = [
     _agent("manual", "manual_hang", "manual"),
     # Its final answer hangs on the first attempt: the run stays open until a worker dies.
     _agent("manual-slow-answer", "manual_hang", "manual", hang_first_final=True),
+    # Its call's heartbeat times out after the server stops counting on the dead worker's
+    # sticky queue, so the next workflow task goes to the shared queue at once.
+    _agent("manual-slow-heartbeat", "manual_hang", "manual", heartbeat_timeout=SLOW_HEARTBEAT),
     _agent("safe", "safe_hang_once", "safe"),
     _agent("idempotent", "idempotent_effect", "idempotent"),
     _agent("commit-window", "quick", "manual", hang_final_once=True),

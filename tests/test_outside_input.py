@@ -45,6 +45,7 @@ from durably import (
     tool,
 )
 from durably._digests import args_digest, policy_digest
+from durably._query_guard import ask
 from durably._transcript import EMPTY_DIGEST
 from durably.activities import TranscriptCache
 from durably.contract import (
@@ -824,7 +825,7 @@ class TestSignalsAndQueries:
 
         for offset in (-5, 10**6):
             with pytest.raises(Exception, match="offset must be a whole number from 0 to 2"):
-                await handle.query("transcript", offset)
+                await ask(handle, "transcript", offset, result_type=object)
 
 
 class TestResolutions:

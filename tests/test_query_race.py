@@ -29,8 +29,10 @@ from typing import Any
 
 import pytest
 from temporalio import workflow
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHistory, WorkflowQueryFailedError
+from temporalio.api.enums.v1 import EventType, TaskQueueKind
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import PollWorkflowTaskQueueRequest
+from temporalio.client import WorkflowHandle, WorkflowHistory, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -73,7 +75,7 @@ from tests.crash_agents import registrations
 async def main() -> None:
     runtime = await DurableRuntime.open(
         sys.argv[1], sys.argv[2], sys.argv[3], agents=registrations,
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=float(sys.argv[4])),
     )
     await runtime.resume()
     await asyncio.Event().wait()
@@ -96,10 +98,11 @@ class Race:
         self.client = await DurableClient.connect(self.target, QUIET_NAMESPACE, self.task_queue)
         return self.client
 
-    def first_worker(self) -> subprocess.Popen[bytes]:
+    def first_worker(self, sticky_seconds: float = 5) -> subprocess.Popen[bytes]:
         env = {**os.environ, "DURABLY_TEST_JOURNAL": str(self.journal), "PYTHONPATH": str(ROOT)}
+        argv = [self.target, QUIET_NAMESPACE, self.task_queue, str(sticky_seconds)]
         return subprocess.Popen(
-            [sys.executable, "-c", _FIRST_WORKER, self.target, QUIET_NAMESPACE, self.task_queue],
+            [sys.executable, "-c", _FIRST_WORKER, *argv],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -297,6 +300,130 @@ class TestQueryRace:
         assert refused(first_answer), first_answer
         assert race.client is not None
         assert await _replay_failure(race.client, run) is None
+
+
+# The path the 2,500-run soak found: a worker starved past the workflow task timeout
+# takes the run's next task and never answers it. Its start is in history when the
+# fresh worker takes the query, and Core stamps the early activation with that start.
+STARVED = "starved-worker"
+# The dead worker's sticky queue holds the query this long: past the (slow) heartbeat
+# timeout, so the starved worker has the task first, and short of that task's own
+# 10 s timeout after it, so the fresh worker answers the query while the task is out.
+STARVED_STICKY_SECONDS = crash_agents.SLOW_HEARTBEAT.total_seconds() + 5
+
+
+async def _starved_race(
+    race: Race, tmp: Path, *, guarded: bool
+) -> tuple[RunHandle, Exception | RunSnapshot]:
+    """The starved worker's path up to the operator's resolution, then the run's end."""
+    for attempt in range(3):
+        race.journal = tmp / f"journal-{attempt}.jsonl"
+        race.journal.touch()
+        client = await race.connect()
+        first = race.first_worker(sticky_seconds=STARVED_STICKY_SECONDS)
+        try:
+            run = await client.start_run("manual-slow-heartbeat", "my vpn is down")
+            await race.until_journal(kind="tool", tool="manual_hang")
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+        handle = client.temporal.get_workflow_handle(run.run_id)
+        # Sent while the run is idle, the query waits on the dead worker's sticky queue.
+        query = asyncio.create_task(handle.query(Handler.SNAPSHOT, result_type=RunSnapshot))
+        taken = await client.temporal.workflow_service.poll_workflow_task_queue(
+            PollWorkflowTaskQueueRequest(
+                namespace=QUIET_NAMESPACE,
+                task_queue=TaskQueue(
+                    name=race.task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL
+                ),
+                identity=STARVED,
+            ),
+            timeout=timedelta(seconds=90),
+        )
+        if taken.started_event_id and not taken.HasField("query"):
+            async with contextlib.AsyncExitStack() as stack:
+                await _fresh_worker(client, stack, guarded=guarded)
+                first_answer: Exception | RunSnapshot
+                try:
+                    first_answer = await query
+                except WorkflowQueryFailedError as err:
+                    first_answer = err
+                if not await _in_history(handle, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT):
+                    # The starved worker still holds the task: the operator resolves the
+                    # call as soon as a snapshot says it is blocked.
+                    snap = first_answer
+                    if not isinstance(snap, RunSnapshot):
+                        snap = await run.snapshot()
+                    assert snap.status == RunStatus.NEEDS_ATTENTION, snap
+                    await run.resolve_tool(
+                        "tool:1:c1", {"type": "json", "value": {"ticket_id": "T-7"}}
+                    )
+                    await _finishes(run)
+                    return run, first_answer
+        # The server's timing put the query elsewhere (a loaded machine): try again.
+        query.cancel()
+        await handle.terminate("the starved worker's path did not happen: trying again")
+        race.start_again()
+    raise AssertionError("three times the starved worker's path did not happen")
+
+
+async def _fresh_worker(
+    client: DurableClient, stack: contextlib.AsyncExitStack, *, guarded: bool
+) -> None:
+    if guarded:
+        runtime = await DurableRuntime.open(client=client, agents=crash_agents.registrations)
+        await runtime.resume()
+        stack.push_async_callback(runtime.close)
+    else:
+        worker = _unguarded_worker(client)
+        serving = asyncio.create_task(worker.run())
+        stack.push_async_callback(lambda: serving)
+        stack.push_async_callback(worker.shutdown)
+
+
+async def _in_history(handle: WorkflowHandle[Any, Any], event_type: EventType.ValueType) -> bool:
+    return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
+
+
+class TestAStarvedWorker:
+    async def test_a_task_a_starved_worker_lost_hides_the_early_query_from_no_guard(
+        self, env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The same steps, side by side: the SDK's runner answers the early query and the
+        run's history does not replay; durably's refuses it (a worker's first legacy query
+        of a run it applied live events of), and the history replays. In both, the task
+        the starved worker took timed out between the call's heartbeat timeout and the
+        task that took the resolution, and the manual tool ran once."""
+        fresh_journal = tmp_path / "fresh-workers.jsonl"  # what this process's workers ran
+        monkeypatch.setenv("DURABLY_TEST_JOURNAL", str(fresh_journal))
+        for name in ("sdk", "durably"):
+            (tmp_path / name).mkdir()
+        races = [Race(env, tmp_path / name) for name in ("sdk", "durably")]
+        (sdk_run, sdk_answer), (run, answer) = await asyncio.gather(
+            _starved_race(races[0], tmp_path / "sdk", guarded=False),
+            _starved_race(races[1], tmp_path / "durably", guarded=True),
+        )
+
+        assert isinstance(sdk_answer, RunSnapshot), sdk_answer
+        assert isinstance(answer, WorkflowQueryFailedError) and refused(answer), answer
+        for race, each in zip(races, (sdk_run, run), strict=True):
+            assert race.client is not None
+            events = (await _history(race.client, each)).events
+            starved = [
+                i
+                for i, e in enumerate(events)
+                if e.workflow_task_started_event_attributes.identity == STARVED
+            ]
+            assert len(starved) == 1, starved
+            lost = events[starved[0] + 1]
+            assert lost.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, lost
+            assert len(race.journal_entries(kind="tool", tool="manual_hang")) == 1
+        assert "manual_hang" not in fresh_journal.read_text()  # no fresh worker ran it again
+        assert races[0].client is not None and races[1].client is not None
+        failure = await _replay_failure(races[0].client, sdk_run)
+        assert failure is not None and "Nondeterminism" in failure, failure
+        assert await _replay_failure(races[1].client, run) is None
+        await record_history(races[1].client, run.run_id, "guard_refused_after_a_starved_task")
 
 
 class TestRepair:

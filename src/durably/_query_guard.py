@@ -15,11 +15,20 @@ task's first command, a signal sees the run before the events it came after,
 and the history no longer replays. The run fails every workflow task from then
 on (`TMPRL1100`), for good.
 
-The guard notices the early activation (a live activation whose timestamp did
-not move: Core stamps an activation with the start of the workflow task it
-belongs to, and one applied for a query has no task of its own) and refuses the
-legacy query that follows it. A refused legacy query makes Core evict the run
-with the early activation's commands unsent, so the next workflow task replays
+The guard notices the early activation and refuses the legacy query that
+follows it. Core stamps an activation with the start of the workflow task it
+belongs to, so one applied for a query on a run the worker holds has a
+timestamp that did not move. On a run the worker rebuilt for the query, the
+history may end with a workflow task another worker started (and that later
+times out): Core stamps the early activation with that task's start, which
+does move. Nothing in an activation tells it from one of a task this worker
+holds, so an instance refuses its first legacy query whenever it has applied
+live events before answering any: a run the worker rebuilt for a task of its
+own then costs one refusal and one rebuild, and never more (an instance the
+query itself rebuilt from an idle run's history applied nothing live).
+
+A refused legacy query makes Core evict the run with the early activation's
+commands unsent, so the next workflow task replays
 the whole history and applies its events together, exactly as any later replay
 will. The query fails once with `REFUSED` in its message; durably's client asks
 again. Only the activation's bookkeeping is read; what runs inside it is the
@@ -101,13 +110,14 @@ class _GuardedInstance(WorkflowInstance):
         self.inner = inner
         self._stamp: int | None = None  # the previous activation's timestamp
         self._early = False  # that activation applied events outside a task of their own
+        self._live = False  # some activation applied events live (not replaying)
+        self._answered = False  # a legacy query was answered
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         kinds = [job.WhichOneof("variant") for job in act.jobs]
         if kinds and all(kind == "query_workflow" for kind in kinds):
-            if self._early and any(
-                job.query_workflow.query_id == _LEGACY_QUERY_ID for job in act.jobs
-            ):
+            legacy = any(job.query_workflow.query_id == _LEGACY_QUERY_ID for job in act.jobs)
+            if legacy and (self._early or (self._live and not self._answered)):
                 info = self.inner.get_info()
                 _log.info(
                     "query refused: it came ahead of the run's next workflow task",
@@ -115,12 +125,14 @@ class _GuardedInstance(WorkflowInstance):
                     temporal_run_id=info.run_id,
                 )
                 return _refused(act)
+            self._answered = self._answered or legacy
             return self.inner.activate(act)
         if "remove_from_cache" not in kinds:
             stamp = act.timestamp.ToNanoseconds()
             # A local activity resolves within its own task, under its task's timestamp.
             if any(not _local_resolution(job) for job in act.jobs) and not act.is_replaying:
                 self._early = stamp == self._stamp
+                self._live = True
             elif stamp != self._stamp:
                 self._early = False
             self._stamp = stamp
