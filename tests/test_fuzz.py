@@ -82,6 +82,7 @@ from durably.models import last_tool_results, tool_call
 from .conftest import (
     Runtimes,
     chain_histories,
+    eventually,
     failed_tasks,
     record_history,
     wait_for_interaction,
@@ -676,6 +677,13 @@ async def parked_approval(bench: Bench) -> tuple[RunHandle, Pending]:
     first = _interaction(await bench.waiting_on(run, "approval:1:a"))
     await run.respond("approval:1:a", APPROVE, responder="fixture")
     second = _interaction(await bench.waiting_on(run, "approval:1:b"))
+
+    # The approved call runs meanwhile: wait for its result, after which the run changes
+    # nothing by itself while it waits.
+    async def approved_call_done() -> bool:
+        return any(e.type == "tool_completed" for e in (await run.snapshot()).events)
+
+    await eventually(approved_call_done)
     return run, Pending(
         kinds={"approval:1:a": "tool-approval", "approval:1:b": "tool-approval"},
         digests={"approval:1:a": first.args_digest, "approval:1:b": second.args_digest},
@@ -1293,6 +1301,9 @@ def limit_request(field: str, value_json: str) -> RawValue:
     return RawValue(Payload(metadata={"encoding": b"json/plain"}, data=text.encode()))
 
 
+_THREE = ("junk", "reason", "responder")
+
+
 async def test_payloads_near_temporals_limits_never_fail_a_task_or_end_the_run(
     bench: Bench,
 ) -> None:
@@ -1337,13 +1348,16 @@ async def test_payloads_near_temporals_limits_never_fail_a_task_or_end_the_run(
             )
             assert continued.input.ByteSize() <= 300_000
 
+    # Three explicit signals of 1.9 MB fill the run's 4 MiB whatever the drawn ones are
+    # (half of those are small nested ones), so it continues as new in every draw.
+    huge = [("signal", limit_request(field, json.dumps("x" * 1_900_000))) for field in _THREE]
     await check(
         prop,
         st.just("signal"),
         at_the_limit(SIGNAL_BYTES),
-        max_examples=10,
+        max_examples=8,
         shrink=False,
-        examples=[("signal", limit_request("junk", nested(5_000)))],
+        examples=[("signal", limit_request("junk", nested(5_000))), *huge],
     )
     await check(
         prop,
