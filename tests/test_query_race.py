@@ -130,7 +130,12 @@ class Race:
         async def written() -> bool:
             return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
 
-        await eventually(written, within=60)
+        try:
+            await eventually(written, within=60)
+        except TimeoutError:  # say where the run stood
+            events = (await handle.fetch_history()).events
+            shown = [f"{e.event_id} {EventType.Name(e.event_type)}" for e in events[-12:]]
+            raise AssertionError(f"no {EventType.Name(event_type)} in 60 s: {shown}") from None
 
     async def dispatched_first(self, run: RunHandle, before: float) -> bool:
         """Whether the server handed the query to its matching service (a legacy query)
