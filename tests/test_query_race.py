@@ -307,6 +307,34 @@ class TestQueryRace:
         assert await _replay_failure(race.client, run) is None
 
 
+class TestClosedRuns:
+    async def test_a_run_terminated_before_a_task_took_its_timeout_is_answered(
+        self, race: Race
+    ) -> None:
+        """A run terminated while its call's heartbeat timeout waited for a task: every
+        rebuild for a query applies that timeout live, as in the race, but no task can
+        follow a closed run. Its worker refuses the first query and answers the one asked
+        again at the same history (before, every query of it was refused for good)."""
+        client = await race.connect()
+        first = race.first_worker()
+        try:
+            run = await client.start_run("manual", "my vpn is down")
+            await race.until_journal(kind="tool", tool="manual_hang")
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+        await race.until_in_history(run, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)
+        handle = client.temporal.get_workflow_handle(run.run_id)
+        await handle.terminate("closed before any task took the timeout")
+        async with await DurableRuntime.open(
+            client=client, agents=crash_agents.registrations
+        ) as runtime:
+            await runtime.resume()
+            snap = await run.snapshot()
+        assert snap.run_id == run.run_id
+        assert await _replay_failure(client, run) is None
+
+
 # The path the 2,500-run soak found: a worker starved past the workflow task timeout
 # takes the run's next task and never answers it. Its start is in history when the
 # fresh worker takes the query, and Core stamps the early activation with that start.

@@ -23,9 +23,12 @@ history may end with a workflow task another worker started (and that later
 times out): Core stamps the early activation with that task's start, which
 does move. Nothing in an activation tells it from one of a task this worker
 holds, so an instance refuses its first legacy query whenever it has applied
-live events before answering any: a run the worker rebuilt for a task of its
-own then costs one refusal and one rebuild, and never more (an instance the
-query itself rebuilt from an idle run's history applied nothing live).
+live events before answering any: each instance a workflow task built (a new
+run, a run the worker did not hold) costs one refused query and one rebuild
+once it is queried; the instance the query itself rebuilds from an idle run's
+history applies nothing live and answers from then on. A closed run can hold
+events no task will take, which every rebuild applies live: a query that finds
+a run at the history length it was refused at is answered (`_Refusals`).
 
 A refused legacy query makes Core evict the run with the early activation's
 commands unsent, so the next workflow task replays
@@ -38,6 +41,7 @@ wrapped runner's.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -92,12 +96,13 @@ class QueryGuardRunner(WorkflowRunner):
 
     def __init__(self, inner: WorkflowRunner) -> None:
         self.inner = inner
+        self.refusals = _Refusals()
 
     def prepare_workflow(self, defn: workflow._Definition) -> None:
         self.inner.prepare_workflow(defn)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _GuardedInstance(self.inner.create_instance(det))
+        return _GuardedInstance(self.inner.create_instance(det), self.refusals)
 
     def set_worker_level_failure_exception_types(
         self, types: Sequence[type[BaseException]]
@@ -105,9 +110,37 @@ class QueryGuardRunner(WorkflowRunner):
         self.inner.set_worker_level_failure_exception_types(types)
 
 
+class _Refusals:
+    """Which history length each run was last refused at, on this worker.
+
+    A legacy query that finds a run at the length it was refused at comes after no
+    workflow task: an open run with events no task has taken has one pending, and
+    the server then holds its queries for that task. So the run is closed (say,
+    terminated with a timeout no task took), nothing can overtake, and the query
+    is answered: refusing it would refuse every query of that run for good.
+    """
+
+    _MOST = 4096  # runs remembered; the oldest are forgotten first
+
+    def __init__(self) -> None:
+        self._lengths: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def again(self, run_id: str, length: int) -> bool:
+        """Whether the run was refused at this length (forgotten then); else remember it."""
+        with self._lock:
+            if self._lengths.pop(run_id, None) == length:
+                return True
+            self._lengths[run_id] = length
+            if len(self._lengths) > self._MOST:
+                del self._lengths[next(iter(self._lengths))]
+            return False
+
+
 class _GuardedInstance(WorkflowInstance):
-    def __init__(self, inner: WorkflowInstance) -> None:
+    def __init__(self, inner: WorkflowInstance, refusals: _Refusals) -> None:
         self.inner = inner
+        self._refusals = refusals
         self._stamp: int | None = None  # the previous activation's timestamp
         self._early = False  # that activation applied events outside a task of their own
         self._live = False  # some activation applied events live (not replaying)
@@ -117,7 +150,8 @@ class _GuardedInstance(WorkflowInstance):
         kinds = [job.WhichOneof("variant") for job in act.jobs]
         if kinds and all(kind == "query_workflow" for kind in kinds):
             legacy = any(job.query_workflow.query_id == _LEGACY_QUERY_ID for job in act.jobs)
-            if legacy and (self._early or (self._live and not self._answered)):
+            early = self._early or (self._live and not self._answered)
+            if legacy and early and not self._refusals.again(act.run_id, act.history_length):
                 info = self.inner.get_info()
                 _log.info(
                     "query refused: it came ahead of the run's next workflow task",
