@@ -33,8 +33,8 @@ from durably.messages import Message, ModelRequest, ToolResultMessage, UserMessa
 
 ROOT = Path(__file__).resolve().parent.parent
 SOAK = ROOT / "benchmarks" / "chaos.py"
-# Runs the query race wedged (six from soaks before the query guard, one by a path the
-# guard misses, `docs/design.md`): none replays.
+# Runs the query race wedged (six from soaks before the query guard, one by the path of a
+# task a starved worker lost, which the guard refuses since, `docs/design.md`): none replays.
 WEDGED = sorted((Path(__file__).resolve().parent / "wedged").glob("*.json"))
 # A run recorded by durably 0.1.0 that completed: it replays.
 REPLAYS = Path(__file__).resolve().parent / "histories/0.1.0/completed_after_model_retry_wait.json"
