@@ -128,7 +128,7 @@ class Race:
         handle = self.client.temporal.get_workflow_handle(run.run_id)
 
         async def written() -> bool:
-            return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
+            return await _in_history(handle, event_type)
 
         try:
             await eventually(written, within=60)
@@ -232,21 +232,9 @@ async def _race(
         assert attempt < 2, "three times the heartbeat timed out before the query was sent"
         race.start_again()
     async with contextlib.AsyncExitStack() as stack:
-        if guarded:
-            runtime = await DurableRuntime.open(client=client, agents=crash_agents.registrations)
-            await runtime.resume()
-            stack.push_async_callback(runtime.close)
-        else:
-            worker = _unguarded_worker(client)
-            serving = asyncio.create_task(worker.run())
-            stack.push_async_callback(lambda: serving)
-            stack.push_async_callback(worker.shutdown)
+        await _fresh_worker(client, stack, guarded=guarded)
         await race.until_in_history(run, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)
-        first_answer: Exception | RunSnapshot
-        try:
-            first_answer = await query
-        except WorkflowQueryFailedError as err:
-            first_answer = err
+        first_answer = await _answer(query)
         # The operator resolves the call as soon as a snapshot says it is blocked (durably's
         # client asks again while a guard refuses: the run's next task has run by then).
         snap = first_answer if isinstance(first_answer, RunSnapshot) else await run.snapshot()
@@ -391,11 +379,7 @@ async def _starved_race(
         if taken.started_event_id and not taken.HasField("query"):
             async with contextlib.AsyncExitStack() as stack:
                 await _fresh_worker(client, stack, guarded=guarded)
-                first_answer: Exception | RunSnapshot
-                try:
-                    first_answer = await query
-                except WorkflowQueryFailedError as err:
-                    first_answer = err
+                first_answer = await _answer(query)
                 if not await _in_history(handle, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT):
                     # The starved worker still holds the task: the operator resolves the
                     # call as soon as a snapshot says it is blocked.
@@ -431,6 +415,14 @@ async def _fresh_worker(
 
 async def _in_history(handle: WorkflowHandle[Any, Any], event_type: EventType.ValueType) -> bool:
     return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
+
+
+async def _answer(query: asyncio.Task[RunSnapshot]) -> Exception | RunSnapshot:
+    """What the first query got back: the snapshot, or the failure (a guard's refusal)."""
+    try:
+        return await query
+    except WorkflowQueryFailedError as err:
+        return err
 
 
 class TestAStarvedWorker:
