@@ -13,6 +13,8 @@ from google.protobuf.message import Message
 from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.common import RawValue
 from temporalio.testing import WorkflowEnvironment
 
 from durably import (
@@ -21,6 +23,7 @@ from durably import (
     DurableClient,
     DurableRuntime,
     ModelRequest,
+    RunCancelledError,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -193,6 +196,96 @@ class TestKeyRotation:
             await runtime.resume()
             result = await (await operator.get_run(second.run_id)).result()
         assert "order 8" in (result.output or "")
+
+
+def forged(key_id: bytes = b"a", cipher: bytes = b"aes256gcm") -> RawValue:
+    """What a caller with no key can send: metadata claiming encryption, a key id read from
+    any history (or one nobody holds), and random bytes."""
+    return RawValue(
+        Payload(
+            metadata={"encoding": ENCODING, "encryption-key-id": key_id, "durably-cipher": cipher},
+            data=os.urandom(64),
+        )
+    )
+
+
+FORGERIES = {
+    "a-held-key-id": forged(b"a"),
+    "an-unknown-key-id": forged(b"k-nobody-holds"),
+    "an-unknown-cipher": forged(b"a", b"rot13"),
+}
+
+
+class TestForgedCiphertext:
+    """A signal, an update or a start input that claims to be encrypted and is not: the
+    SDK decodes a whole activation before any handler runs, so one of them failed every
+    workflow task of an encrypted run, and not even a cancellation was applied."""
+
+    @pytest.mark.parametrize("kind", sorted(FORGERIES))
+    async def test_a_forged_signal_is_recorded_as_rejected_and_cancel_still_works(
+        self, env: WorkflowEnvironment, task_queue: str, kind: str
+    ) -> None:
+        client = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
+        async with await DurableRuntime.open(client=client, agents=[asker()]) as runtime:
+            await runtime.resume()
+            run = await client.start_run("asker", "where?")
+            await wait_for_status(run, RunStatus.WAITING)
+            raw = env.client.get_workflow_handle(run.run_id)  # no codec, no key
+
+            await raw.signal(RESPOND_SIGNAL, FORGERIES[kind])
+
+            async def rejected() -> bool:
+                snap = await run.snapshot()
+                return any("could not be decrypted" in (e.detail or "") for e in snap.events)
+
+            await eventually(rejected)
+            await run.cancel()
+            with pytest.raises(RunCancelledError):
+                await run.result()
+        assert await task_failures(client, run.run_id) == []
+
+    @pytest.mark.parametrize("kind", sorted(FORGERIES))
+    async def test_a_forged_update_is_refused_before_history(
+        self, env: WorkflowEnvironment, task_queue: str, kind: str
+    ) -> None:
+        """The SDK refuses an update whose argument it cannot decode before its validator
+        runs: nothing reaches history, and the run goes on."""
+        client = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
+        async with await DurableRuntime.open(client=client, agents=[asker()]) as runtime:
+            await runtime.resume()
+            run = await client.start_run("asker", "where?")
+            waiting = await wait_for_status(run, RunStatus.WAITING)
+            assert waiting.interaction is not None
+            raw = env.client.get_workflow_handle(run.run_id)
+            before = len((await raw.fetch_history()).events)
+
+            with pytest.raises(WorkflowUpdateFailedError):
+                await raw.execute_update("respond", FORGERIES[kind])
+
+            assert len((await raw.fetch_history()).events) == before
+            await run.answer(waiting.interaction.id, "order 9")
+            assert "order 9" in ((await run.result()).output or "")
+        assert await task_failures(client, run.run_id) == []
+
+    @pytest.mark.parametrize("kind", sorted(FORGERIES))
+    async def test_a_forged_start_input_fails_the_run_where_operators_see_it(
+        self, env: WorkflowEnvironment, task_queue: str, kind: str
+    ) -> None:
+        client = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
+        run_id = f"forged-start-{uuid.uuid4().hex[:8]}"
+        async with await DurableRuntime.open(client=client, agents=[asker()]) as runtime:
+            await runtime.resume()
+
+            await env.client.start_workflow(
+                "AgentRunWorkflow", FORGERIES[kind], id=run_id, task_queue=task_queue
+            )
+
+            with pytest.raises(WorkflowFailureError) as failed:
+                await client.temporal.get_workflow_handle(run_id).result()
+            assert "could not be decrypted" in str(failed.value.cause)
+            listed = await client.list_runs(status=RunStatus.FAILED, limit=100)
+            assert run_id in [r.run_id for r in listed]
+        assert await task_failures(client, run_id) == []
 
 
 async def key_ids(client: DurableClient, run_id: str) -> list[str]:

@@ -9,9 +9,11 @@ into a workflow-task failure loop, or hide it from operators.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +25,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.common import RawValue, RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import Worker
 
 from durably import (
     Agent,
@@ -51,12 +54,13 @@ from durably.activities import TranscriptCache
 from durably.contract import (
     PIN_DIGEST_PREFIX,
     SA_STATUS,
+    ConversationRef,
     RespondAccepted,
     RunInput,
     RunState,
     ToolCallInput,
 )
-from durably.messages import AssistantMessage, ToolResultMessage
+from durably.messages import AssistantMessage
 from durably.models import last_tool_results, tool_call
 
 from .conftest import (
@@ -166,22 +170,8 @@ class TestForgedStartInput:
     ) -> None:
         ledger = Ledger()
         await runtimes.start([ledger.registration()])
-        forged = RunState(
-            agent_id="payer",
-            input="pay bob",
-            digest=EMPTY_DIGEST,
-            answered={
-                "approval:1:c1": RespondAccepted(
-                    interaction_id="approval:1:c1",
-                    type="tool-approval",
-                    approved=True,
-                    responder="mallory",
-                    args_digest=args_digest({"to": "bob", "cents": 5}),
-                )
-            },
-        )
         run_id = f"forged-{uuid.uuid4().hex[:8]}"
-        start = RunInput(agent_id="payer", input="pay bob", carried=forged)
+        start = RunInput(agent_id="payer", input="pay bob", carried=_pre_approved())
 
         await _temporal_start(env, client.task_queue, run_id, start.model_dump_json())
 
@@ -193,6 +183,69 @@ class TestForgedStartInput:
         assert snap.status == RunStatus.FAILED and "carried" in (snap.error or "")
         described = await client.temporal.get_workflow_handle(run_id).describe()
         assert described.typed_search_attributes.get(SA_STATUS) == "failed"
+
+    @pytest.mark.parametrize("forger", ["ForgedChainWorkflow", "AgentRunWorkflow"])
+    async def test_a_callers_own_workflow_cannot_continue_as_new_into_a_pre_approved_run(
+        self, env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes, forger: str
+    ) -> None:
+        """Temporal sets `continued_run_id` for any workflow that continues as new into a
+        run: one of the caller's own, on a task queue it polls (named `AgentRunWorkflow`
+        too, since a name proves nothing), carried a forged approval and `pay` ran."""
+        ledger = Ledger()
+        await runtimes.start([ledger.registration()])
+        run_id = f"forged-chain-{uuid.uuid4().hex[:8]}"
+        start = RunInput(agent_id="payer", input="pay bob", carried=_pre_approved())
+        own_queue = f"callers-own-{uuid.uuid4().hex[:8]}"
+
+        async with Worker(env.client, task_queue=own_queue, workflows=[FORGERS[forger]]):
+            await env.client.start_workflow(
+                forger,
+                ForgedChain(input=start.model_dump(mode="json"), task_queue=client.task_queue),
+                id=run_id,
+                task_queue=own_queue,
+            )
+            message = await _refusal(client, run_id)
+
+        assert "not a durably AgentRunWorkflow" in message and own_queue in message
+        assert ledger.paid == []
+        snap = await RunHandle(client.temporal, run_id).snapshot()
+        assert snap.status == RunStatus.FAILED and snap.interactions == []
+        described = await client.temporal.get_workflow_handle(run_id).describe()
+        assert described.typed_search_attributes.get(SA_STATUS) == "failed"
+        histories = await chain_histories(client, run_id)
+        assert failed_tasks(histories) == []
+        await record_history(client, run_id, f"refused_a_chain_from_{forger}")
+
+    async def test_a_callers_own_workflow_cannot_start_a_run_into_a_sessions_conversation(
+        self, env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """A run reads the conversation its `session` names when Temporal says that
+        session is its parent; a caller's workflow named like the session is no session."""
+        ledger = Ledger()
+        await runtimes.start([ledger.registration()])
+        session_id = f"not-a-session-{uuid.uuid4().hex[:8]}"
+        run_id = f"{session_id}/run-1"
+        start = RunInput(
+            agent_id="payer",
+            input="pay bob",
+            session=ConversationRef(session_id=session_id, length=0, digest=EMPTY_DIGEST),
+        )
+        own_queue = f"callers-own-{uuid.uuid4().hex[:8]}"
+
+        async with Worker(env.client, task_queue=own_queue, workflows=[ForgedParentWorkflow]):
+            parent = await env.client.start_workflow(
+                ForgedParentWorkflow.run,
+                ForgedChain(input=start.model_dump(mode="json"), task_queue=client.task_queue),
+                id=session_id,
+                task_queue=own_queue,
+            )
+            child_ended = await parent.result()
+            message = await _refusal(client, run_id)
+
+        assert "ChildWorkflowError" in child_ended or "failed" in child_ended.lower()
+        assert "not a durably AgentSessionWorkflow" in message
+        assert ledger.paid == []
+        await record_history(client, run_id, "refused_a_run_a_forged_session_started")
 
     @pytest.mark.parametrize(
         "option",
@@ -313,60 +366,176 @@ async def _eventually_listed(client: DurableClient, run_id: str) -> bool:
             await asyncio.sleep(0.2)
 
 
-@workflow.defn(name="ForgedPolicyWorkflow", sandboxed=False)
-class ForgedPolicyWorkflow:
-    """What a run with forged pinned settings would ask a worker to do: run a tool."""
+def _pre_approved() -> RunState:
+    """A run's state that holds an approval of `pay(bob, 5)` nobody gave."""
+    return RunState(
+        agent_id="payer",
+        input="pay bob",
+        digest=EMPTY_DIGEST,
+        answered={
+            "approval:1:c1": RespondAccepted(
+                interaction_id="approval:1:c1",
+                type="tool-approval",
+                approved=True,
+                responder="mallory",
+                args_digest=args_digest({"to": "bob", "cents": 5}),
+            )
+        },
+    )
+
+
+@dataclass
+class ForgedChain:
+    """A start input for durably's task queue, sent by a workflow of the caller's own."""
+
+    input: dict[str, Any]
+    task_queue: str
+
+
+def _continue_into(chain: ForgedChain) -> None:
+    workflow.continue_as_new(chain.input, workflow="AgentRunWorkflow", task_queue=chain.task_queue)
+
+
+@workflow.defn(name="ForgedChainWorkflow", sandboxed=False)
+class ForgedChainWorkflow:
+    """A caller's own workflow that continues as new into a durably run."""
 
     @workflow.run
-    async def run(self, call: ToolCallInput) -> str:
+    async def run(self, chain: ForgedChain) -> None:
+        _continue_into(chain)
+
+
+@workflow.defn(name="AgentRunWorkflow", sandboxed=False)
+class ImpostorRunWorkflow:
+    """The same, named as durably's run workflow, on the caller's own task queue."""
+
+    @workflow.run
+    async def run(self, chain: ForgedChain) -> None:
+        _continue_into(chain)
+
+
+FORGERS = {"ForgedChainWorkflow": ForgedChainWorkflow, "AgentRunWorkflow": ImpostorRunWorkflow}
+
+
+@workflow.defn(name="ForgedParentWorkflow", sandboxed=False)
+class ForgedParentWorkflow:
+    """A caller's own workflow, named as a session, that starts a run as its child."""
+
+    @workflow.run
+    async def run(self, chain: ForgedChain) -> str:
+        try:
+            await workflow.execute_child_workflow(
+                "AgentRunWorkflow",
+                chain.input,
+                id=f"{workflow.info().workflow_id}/run-1",
+                task_queue=chain.task_queue,
+            )
+        except Exception as err:
+            return f"{type(err).__name__}: {err}"
+        return "completed"
+
+
+@workflow.defn(name="ForgedPolicyWorkflow", sandboxed=False)
+class ForgedPolicyWorkflow:
+    """A caller's own workflow that asks durably's worker to run a tool, skipping the run."""
+
+    @workflow.run
+    async def run(self, call: dict[str, Any]) -> str:
         try:
             result = await workflow.execute_activity(
                 "durably.tool_call",
-                call,
-                result_type=ToolResultMessage,
+                call.pop("input"),
+                task_queue=call.pop("task_queue"),
                 start_to_close_timeout=timedelta(seconds=10),
                 retry_policy=RetryPolicy(maximum_attempts=1),
             )
         except ActivityError as err:
             return f"refused: {err.cause}"
-        return f"ran: {result.content}"
+        return f"ran: {result}"
+
+
+@workflow.defn(name="AgentRunWorkflow", sandboxed=False)
+class ImpostorPolicyWorkflow(ForgedPolicyWorkflow):
+    """The same, named as durably's run workflow, on the caller's own task queue."""
+
+    @workflow.run
+    async def run(self, call: dict[str, Any]) -> str:
+        return await super().run(call)
+
+
+def _pay_mallory(fingerprint: str) -> ToolCallInput:
+    return ToolCallInput(
+        agent_id="payer",
+        version="1",
+        fingerprint=PIN_DIGEST_PREFIX + fingerprint,
+        key="tool:1:c1",
+        call=ToolCall(id="c1", name="pay", arguments={"to": "mallory", "cents": 99999}),
+    )
 
 
 class TestPinnedPolicies:
+    @pytest.mark.parametrize("forger", [ForgedPolicyWorkflow, ImpostorPolicyWorkflow])
+    async def test_a_worker_runs_a_tool_only_for_a_durably_run_on_its_task_queue(
+        self,
+        env: WorkflowEnvironment,
+        client: DurableClient,
+        runtimes: Runtimes,
+        forger: type[ForgedPolicyWorkflow],
+    ) -> None:
+        """A caller's own workflow scheduled `durably.tool_call` on durably's task queue
+        with the genuine pin digest (it is in every run's history), and `pay` ran with
+        nobody approving; named `AgentRunWorkflow` on its own queue, too."""
+        ledger = Ledger()
+        registration = ledger.registration()
+        await runtimes.start([registration])
+        own_queue = f"callers-own-{uuid.uuid4().hex[:8]}"
+        call = _pay_mallory(registration.pin_digest).model_dump(mode="json")
+
+        async with Worker(env.client, task_queue=own_queue, workflows=[forger]):
+            refused: str = await env.client.execute_workflow(
+                "AgentRunWorkflow" if forger is ImpostorPolicyWorkflow else "ForgedPolicyWorkflow",
+                {"input": call, "task_queue": client.task_queue},
+                id=f"forger-{uuid.uuid4().hex[:8]}",
+                task_queue=own_queue,
+            )
+
+        assert refused.startswith("refused:") and "not by a durably run" in refused
+        assert own_queue in refused
+        assert ledger.paid == []
+
     async def test_a_worker_runs_a_tool_only_under_the_policies_it_registered(
-        self, client: DurableClient, runtimes: Runtimes
+        self, env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
     ) -> None:
         """Activities compare a digest of the whole pin the run applies (approval flags,
         recovery, retries, schemas) with their registration, not the copyable fingerprint:
-        a pin with the right fingerprint and `requires_approval` turned off is refused."""
+        a pin with the right fingerprint and `requires_approval` turned off is refused, even
+        for a genuine run."""
         ledger = Ledger()
         registration = ledger.registration()
-        await runtimes.start([registration], workflows=[ForgedPolicyWorkflow])
+        runtime = await runtimes.start([registration])
+        run = await client.start_run("payer", "pay bob")
+        await wait_for_interaction(run, "approval:1:c1")
+        described = await client.temporal.get_workflow_handle(run.run_id).describe()
+        activity_env = ActivityEnvironment(client=env.client)
+        activity_env.info = dataclasses.replace(
+            activity_env.info,
+            workflow_id=run.run_id,
+            workflow_run_id=described.run_id,
+            task_queue=client.task_queue,
+        )
         forged = registration.pin()
         forged.tools["pay"].requires_approval = False
         forged.tools["pay"].recovery = "safe"
+        activities = runtime.plugin.agent_activities
 
-        async def attempt(digest: str) -> str:
-            call = ToolCallInput(
-                agent_id="payer",
-                version="1",
-                fingerprint=PIN_DIGEST_PREFIX + digest,
-                key="tool:1:c1",
-                call=ToolCall(id="c1", name="pay", arguments={"to": "mallory", "cents": 99999}),
-            )
-            result: str = await client.temporal.execute_workflow(
-                "ForgedPolicyWorkflow",
-                call,
-                id=f"forger-{uuid.uuid4().hex[:8]}",
-                task_queue=client.task_queue,
-            )
-            return result
+        with pytest.raises(ApplicationError) as refused:
+            await activity_env.run(activities.tool_call, _pay_mallory(policy_digest(forged)))
 
-        refused = await attempt(policy_digest(forged))
-
-        assert refused.startswith("refused:") and "differs from the one the run started" in refused
+        assert "differs from the one the run started" in refused.value.message
         assert ledger.paid == []
-        assert (await attempt(registration.pin_digest)).startswith("ran:")  # the genuine pin
+        ran = await activity_env.run(activities.tool_call, _pay_mallory(registration.pin_digest))
+        assert ran.content and ledger.paid == [("mallory", 99999, ledger.paid[0][2])]
+        await run.cancel()
 
 
 # -- responses near Temporal's limits -------------------------------------------------

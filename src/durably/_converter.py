@@ -78,9 +78,15 @@ def durable_converter(
     return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
 
 
-def with_durable_converter(client: Client, encryption: EncryptionCodec | None = None) -> Client:
-    """`client`, or the same connection with `durable_converter` of its converter."""
+def with_durable_converter(
+    client: Client, encryption: EncryptionCodec | None = None, *, worker: bool = False
+) -> Client:
+    """`client`, or the same connection with `durable_converter` of its converter; for a
+    `worker`, with durably's encryption as a worker's (`EncryptionCodec.for_worker`)."""
     converter = durable_converter(client.data_converter, encryption)
+    codec = converter.payload_codec
+    if worker and isinstance(codec, EncryptionCodec) and not codec.is_worker:
+        converter = dataclasses.replace(converter, payload_codec=codec.for_worker())
     if converter is client.data_converter:
         return client
     config = client.config()

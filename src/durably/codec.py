@@ -24,7 +24,19 @@ and run ids, activity types, task queues and timer durations. durably puts
 no user data in them; put none in the run ids you choose.
 
 Payloads that are not encrypted decode as they are, so runs started before
-encryption was turned on go on. `compress=True` compresses with zlib before
+encryption was turned on go on.
+
+A worker reads what anyone may send a run: a signal, an update or a start
+input whose metadata claims ``binary/encrypted`` with a key id copied from
+any history and random bytes. The SDK decodes a whole workflow activation
+before any handler runs, so a codec error there failed every workflow task
+of the run, and not even a cancellation was applied. The worker's codec
+(`for_worker`) therefore turns a payload of a workflow's own that it cannot
+decrypt into an `UNDECRYPTABLE` marker, which durably's handlers refuse like
+any payload they cannot read, and which the run's start decides on
+(`undecryptable`). What a worker's own activities and workflows encrypted
+still fails the task until its key is back: a missing key is an operator's
+error, and the run waits for it. `compress=True` compresses with zlib before
 encrypting; it is off by default, because the length of compressed
 ciphertext says something about its text when part of that text comes from
 someone else (a model's or a tool's output beside a secret).
@@ -36,11 +48,18 @@ import asyncio
 import os
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Self
 
+import structlog
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
-from temporalio.converter import PayloadCodec
+from temporalio.converter import (
+    PayloadCodec,
+    SerializationContext,
+    WithSerializationContext,
+    WorkflowSerializationContext,
+)
 
 from durably._named_keys import check_named_keys, generate_key, named_keys_from_env
 from durably.errors import DurablyError
@@ -50,11 +69,14 @@ __all__ = [
     "ENV_KEYS",
     "ENV_KEYS_FILE",
     "KEY_ID_METADATA",
+    "UNDECRYPTABLE",
     "EncryptionCodec",
     "EncryptionKeyError",
     "EncryptionKeys",
+    "undecryptable",
 ]
 
+_log = structlog.get_logger("durably.codec")
 ENV_KEYS = "DURABLY_ENCRYPTION_KEYS"
 ENV_KEYS_FILE = "DURABLY_ENCRYPTION_KEYS_FILE"
 ENCODING = b"binary/encrypted"
@@ -62,6 +84,11 @@ ENCODING = b"binary/encrypted"
 
 KEY_ID_METADATA = "encryption-key-id"
 """The metadata key naming an encrypted payload's key (stored in clear)."""
+UNDECRYPTABLE = b"binary/durably-undecryptable"
+"""The `encoding` of the marker a worker's codec puts where a workflow's payload could not
+be decrypted; its data is why (`undecryptable`)."""
+_KEY_MISSING = "durably-key-missing"
+_MAX_REASON_BYTES = 1_000
 _CIPHER = "durably-cipher"
 _AES = b"aes256gcm"
 _AES_ZLIB = b"aes256gcm+zlib"
@@ -78,9 +105,12 @@ class EncryptionKeyError(DurablyError):
     and is retried until the key is back: the run waits, nothing is lost.
     """
 
-    def __init__(self, message: str, key_id: str) -> None:
+    def __init__(self, message: str, key_id: str, *, key_missing: bool = False) -> None:
         super().__init__(message)
         self.key_id = key_id
+        # The payload names a key this process does not hold (else it names no known
+        # cipher, or does not match its key: altered or forged).
+        self.key_missing = key_missing
 
 
 class EncryptionKeys:
@@ -141,10 +171,11 @@ class EncryptionKeys:
                 f"to {ENV_KEYS} after the active one: keep every key as long as any run's "
                 "history holds payloads encrypted with it",
                 key_id,
+                key_missing=True,
             ) from None
 
 
-class EncryptionCodec(PayloadCodec):
+class EncryptionCodec(PayloadCodec, WithSerializationContext):
     """AES-256-GCM over each whole payload (its metadata too), keyed by `keys`.
 
     Args:
@@ -155,6 +186,26 @@ class EncryptionCodec(PayloadCodec):
     def __init__(self, keys: EncryptionKeys, *, compress: bool = False) -> None:
         self.keys = keys
         self.compress = compress
+        # A worker's codec (`for_worker`), and whether it now decodes a workflow's payloads.
+        self._worker = False
+        self._marking = False
+
+    def for_worker(self) -> EncryptionCodec:
+        """This codec as a worker's: a workflow's payload it cannot decrypt becomes an
+        `UNDECRYPTABLE` marker instead of failing the whole workflow task."""
+        return self._copy(worker=True, marking=False)
+
+    @property
+    def is_worker(self) -> bool:
+        """Whether this is a worker's codec (`for_worker`)."""
+        return self._worker
+
+    def with_context(self, context: SerializationContext) -> Self:
+        """The SDK's hook: a worker's codec marks only in a workflow's activation (a
+        workflow's own payloads, a child's), never for an activity's (a result or an
+        input this worker's own code encrypted: those wait for their key)."""
+        marking = self._worker and isinstance(context, WorkflowSerializationContext)
+        return self if marking == self._marking else self._copy(self._worker, marking)
 
     def __repr__(self) -> str:
         return f"EncryptionCodec({self.keys!r}, compress={self.compress})"
@@ -181,8 +232,30 @@ class EncryptionCodec(PayloadCodec):
 
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
         if sum(len(p.data) for p in payloads) > _INLINE_BYTES:
-            return await asyncio.to_thread(lambda: [self._decrypt(p) for p in payloads])
-        return [self._decrypt(p) for p in payloads]
+            return await asyncio.to_thread(lambda: [self._open(p) for p in payloads])
+        return [self._open(p) for p in payloads]
+
+    def _copy(self, worker: bool, marking: bool) -> Self:
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin._worker, twin._marking = worker, marking
+        return twin
+
+    def _open(self, payload: Payload) -> Payload:
+        if not self._marking:
+            return self._decrypt(payload)
+        try:
+            return self._decrypt(payload)
+        except EncryptionKeyError as err:
+            _log.warning(
+                "a payload sent to a workflow could not be decrypted; the run refuses it",
+                key_id=err.key_id[:40],
+                reason=str(err)[:300],
+            )
+            metadata = {"encoding": UNDECRYPTABLE, KEY_ID_METADATA: err.key_id.encode()[:100]}
+            if err.key_missing:
+                metadata[_KEY_MISSING] = b"1"
+            return Payload(metadata=metadata, data=str(err).encode()[:_MAX_REASON_BYTES])
 
     def _encrypt(self, payload: Payload) -> Payload:
         kid = self.keys.active_key_id
@@ -223,6 +296,17 @@ class EncryptionCodec(PayloadCodec):
         if cipher == _AES_ZLIB:
             plain = zlib.decompress(plain)
         return Payload.FromString(plain)
+
+
+def undecryptable(payload: Payload) -> EncryptionKeyError | None:
+    """Why a worker could not decrypt `payload`, if it is a marker its codec put there."""
+    if payload.metadata.get("encoding") != UNDECRYPTABLE:
+        return None
+    return EncryptionKeyError(
+        payload.data.decode(errors="replace"),
+        payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace"),
+        key_missing=_KEY_MISSING in payload.metadata,
+    )
 
 
 def _associated(kid: str, cipher: bytes) -> bytes:

@@ -44,6 +44,7 @@ __all__ = [
     "ACTIVITY_RUN_TRANSCRIPT",
     "ACTIVITY_TOOL",
     "ACTIVITY_VERIFY_APPROVAL",
+    "ACTIVITY_VERIFY_ORIGIN",
     "ACTIVITY_VERIFY_REPAIR",
     "CONTROL_CHARACTERS",
     "DEFAULT_TASK_QUEUE",
@@ -92,6 +93,7 @@ __all__ = [
     "ModelCallResult",
     "OperationFate",
     "OperationKey",
+    "OriginCheck",
     "OtherAttention",
     "ParkedCall",
     "PinRequest",
@@ -161,6 +163,7 @@ ACTIVITY_RESTORE = "durably.restore_transcript"
 ACTIVITY_VERIFY_APPROVAL = "durably.verify_approval"
 ACTIVITY_RUN_TRANSCRIPT = "durably.run_transcript"
 ACTIVITY_VERIFY_REPAIR = "durably.verify_repair"
+ACTIVITY_VERIFY_ORIGIN = "durably.verify_origin"
 
 
 class SessionHandler(StrEnum):
@@ -224,6 +227,8 @@ class ErrorType(StrEnum):
     RESULT_TOO_LARGE = "DurablyResultTooLarge"
     # A subagent call's child run failed (it stays open) or ended without an answer.
     SUBAGENT_FAILED = "DurablySubagentFailed"
+    # A model or tool activity scheduled by a workflow that is not a durably run.
+    FOREIGN_CALLER = "DurablyForeignCaller"
 
 
 INVALID_RUN_INPUT = ErrorType.INVALID_RUN_INPUT.value  # 0.1.0's name; prefer `ErrorType`
@@ -783,6 +788,21 @@ class RepairRequest(_Model):
 
     responder: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+
+
+class OriginCheck(_Model):
+    """The workflows Temporal says a run came from, for its worker to confirm are
+    durably's own on the run's task queue (`verify_origin`) before the run honours
+    what they passed it."""
+
+    workflow_id: str
+    task_queue: str
+    # `workflow.info().continued_run_id`: the run that continued as new into this one.
+    predecessor_run_id: str | None = None
+    # `workflow.info().parent`: the session or run that started this one as its child.
+    parent_workflow_id: str | None = None
+    parent_run_id: str | None = None
+    parent_type: str | None = None
 
 
 class RepairCheck(_Model):

@@ -103,7 +103,7 @@ class DurablyPlugin(SimplePlugin):
         worker alone never sees that client's configuration), and guard the runner of
         durably's workflows against queries that overtake a workflow task
         (`durably._query_guard`)."""
-        config["client"] = with_durable_converter(config["client"], self.encryption)
+        config["client"] = with_durable_converter(config["client"], self.encryption, worker=True)
         runner = config.get("unsandboxed_workflow_runner") or UnsandboxedWorkflowRunner()
         if not isinstance(runner, QueryGuardRunner):
             config["unsandboxed_workflow_runner"] = QueryGuardRunner(runner)

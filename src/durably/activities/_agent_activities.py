@@ -2,7 +2,8 @@
 
 Their names are fixed (`durably.pin_agent`, `durably.model_request`,
 `durably.tool_call`, `durably.restore_transcript` after a continue-as-new,
-and `durably.verify_approval` for signed approvals), so histories never
+`durably.verify_origin` for a run a workflow started or continued into, and
+`durably.verify_approval` for signed approvals), so histories never
 depend on a user's function names and agents can be registered while the
 worker runs. User code (models and tools) runs only here. The transcript a
 model request or a restore needs is rebuilt by `durably._transcript`.
@@ -36,6 +37,7 @@ from durably._transcript import (
     transcript_page,
 )
 from durably.activities._heartbeat import TextPreviews, heartbeating
+from durably.activities._origin import Callers, origin_problem
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
 from durably.contract import (
@@ -45,6 +47,7 @@ from durably.contract import (
     ACTIVITY_RUN_TRANSCRIPT,
     ACTIVITY_TOOL,
     ACTIVITY_VERIFY_APPROVAL,
+    ACTIVITY_VERIFY_ORIGIN,
     ACTIVITY_VERIFY_REPAIR,
     PIN_DIGEST_PREFIX,
     AgentPin,
@@ -53,6 +56,7 @@ from durably.contract import (
     LeanToolResult,
     ModelCallInput,
     ModelCallResult,
+    OriginCheck,
     PinRequest,
     RepairCheck,
     RepairPlan,
@@ -150,6 +154,7 @@ class AgentActivities:
         self.registry = registry
         self.cache = cache if cache is not None else TranscriptCache()
         self.approval_keys = approval_keys
+        self.callers = Callers()
 
     def methods(self) -> list[Any]:
         return [
@@ -160,6 +165,7 @@ class AgentActivities:
             self.run_transcript,
             self.verify_approval,
             self.verify_repair,
+            self.verify_origin,
         ]
 
     # -- registration -------------------------------------------------------
@@ -234,6 +240,7 @@ class AgentActivities:
     @instrumented("model")  # a `chat` span (with tracing on) and counters, per attempt
     async def model_request(self, call: ModelCallInput) -> ModelCallResult:
         """One model request; invalid tool calls in the answer are marked, never run."""
+        await self.callers.confirm()
         registration = self._registration(call.agent_id, call.version, call.fingerprint)
         agent = registration.agent
         run_id = _run_id()
@@ -343,6 +350,7 @@ class AgentActivities:
     @instrumented("tool")  # an `execute_tool` span (with tracing on) and counters
     async def tool_call(self, call: ToolCallInput) -> ToolResultMessage:
         """Run one tool call; `ToolError` is a result, anything else is uncertain."""
+        await self.callers.confirm()
         registration = self._registration(call.agent_id, call.version, call.fingerprint)
         tool = registration.agent.tool(call.call.name)
         info = activity.info()
@@ -446,6 +454,12 @@ class AgentActivities:
             reason=failed.failure.message[:1_000],
             fates=await fates_after(events, failed.started_event_id, client.data_converter),
         )
+
+    @activity.defn(name=ACTIVITY_VERIFY_ORIGIN)
+    async def verify_origin(self, check: OriginCheck) -> str:
+        """Why the run must not honour what the workflow it came from passed it, or ""
+        (see `durably.activities._origin`): a local activity of the run's first task."""
+        return await origin_problem(activity.client(), check)
 
     # -- approvals ----------------------------------------------------------
 

@@ -28,11 +28,13 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_RUN_TRANSCRIPT,
         ACTIVITY_TOOL,
         ACTIVITY_VERIFY_APPROVAL,
+        ACTIVITY_VERIFY_ORIGIN,
         ACTIVITY_VERIFY_REPAIR,
         AgentPin,
         ModelCallInput,
         ModelCallResult,
         OperationKey,
+        OriginCheck,
         PinRequest,
         RepairCheck,
         RepairPlan,
@@ -57,6 +59,7 @@ __all__ = [
     "restore_page",
     "tool_call",
     "verify_approval",
+    "verify_origin",
     "verify_repair",
 ]
 
@@ -192,6 +195,25 @@ async def verify_approval(request: VerifyApprovalRequest) -> str:
         start_to_close_timeout=timedelta(seconds=10),
         retry_policy=RetryPolicy(maximum_attempts=3),
         summary=f"verify approval {request.interaction_id}",
+    )
+    return problem
+
+
+async def verify_origin(check: OriginCheck) -> str:
+    """Why the run must not honour what its predecessor or parent passed it ("" if it
+    may), confirmed by the worker with the server (`durably.activities._origin`).
+
+    Retried without end: a server the worker cannot reach holds the run's first task
+    (the SDK backs off with timers past a minute), and deciding without the answer
+    would either trust a forgery or fail a genuine run.
+    """
+    problem: str = await workflow.execute_local_activity(
+        ACTIVITY_VERIFY_ORIGIN,
+        check,
+        result_type=str,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
+        summary="confirm where this run came from",
     )
     return problem
 

@@ -18,6 +18,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from durably.codec import undecryptable
     from durably.contract import ErrorType, Handler
     from durably.workflows._validation import Rejected, rejection, short
 
@@ -34,7 +35,15 @@ def refusals() -> Iterator[None]:
 
 
 def decode_signal(raw: RawValue) -> Any:
-    """A signal's payload, or a rejection saying why it could not be read."""
+    """A signal's payload, or a rejection saying why it could not be read (a payload
+    the worker could not decrypt arrives as `durably.codec.UNDECRYPTABLE`)."""
+    sealed = undecryptable(raw.payload)
+    if sealed is not None:
+        raise rejection(
+            ErrorType.INVALID_RESPONSE,
+            f"its payload could not be decrypted: {short(str(sealed), 300)}. Send it with a "
+            "client that holds the workers' encryption keys",
+        )
     try:
         return workflow.payload_converter().from_payload(raw.payload)
     except Exception as err:

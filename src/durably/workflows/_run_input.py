@@ -22,6 +22,11 @@ The failures this prevents:
   the server), and a run with a cron schedule or workflow retry policy is
   refused: either would start the same input again as a "continued" run,
   and a workflow retry repeats side effects.
+- Temporal says only *that* a workflow continued into or started the run,
+  not that it was durably's: a caller's own workflow continued as new into
+  `AgentRunWorkflow` with a forged approval. `origin_check` names what the
+  run's worker must confirm before the run honours any of it
+  (`durably.activities._origin`).
 """
 
 from __future__ import annotations
@@ -37,17 +42,31 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from durably._transcript import EMPTY_DIGEST
+    from durably.codec import EncryptionKeyError, undecryptable
     from durably.contract import (
         CONTROL_CHARACTERS,
         MAX_NAME_CHARS,
         MAX_RUN_INPUT_BYTES,
+        SESSION_WORKFLOW_TYPE,
+        WORKFLOW_TYPE,
+        OriginCheck,
         RunInput,
         RunState,
         RunStatus,
     )
     from durably.workflows._validation import short
 
-__all__ = ["EXPECTED", "decode_arguments", "initial_state", "one_raw_argument", "read_run_input"]
+__all__ = [
+    "EXPECTED",
+    "decode_arguments",
+    "initial_state",
+    "missing_key",
+    "one_raw_argument",
+    "origin_check",
+    "read_run_input",
+    "refused_state",
+    "waits_for_key",
+]
 
 # Start input keys the limits patch added (SPEC section 17).
 _LIMIT_KEYS = ("limits", "max_turns")
@@ -86,6 +105,12 @@ def decode_arguments(payload: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | N
     values: list[Any] = []
     for value in payload:
         if isinstance(value, RawValue):
+            sealed = undecryptable(value.payload)
+            if sealed is not None:
+                return (), (
+                    f"the input could not be decrypted: {short(str(sealed), 400)}. Start the "
+                    "run again with a client that holds the workers' encryption keys"
+                )
             try:
                 value = workflow.payload_converter().from_payload(value.payload)
             except Exception as err:
@@ -209,15 +234,7 @@ def initial_state(
         raw = {k: v for k, v in values[0].items() if k not in _LIMIT_KEYS}
         run_input = RunInput.model_validate(raw)
     if run_input is None or problem is not None:
-        refused = RunState(
-            agent_id=_agent_id_of(values),
-            input="",
-            digest=EMPTY_DIGEST,
-            status=RunStatus.FAILED,
-            error=problem,
-            retryable=False,
-        )
-        return refused, problem
+        return refused_state(_agent_id_of(values), problem), problem
     state = run_input.carried or RunState(
         agent_id=run_input.agent_id,
         input=run_input.input,
@@ -233,6 +250,65 @@ def initial_state(
     if not state.input:  # carried without it: see _continuation
         state.input = run_input.input
     return state, None
+
+
+def missing_key(payload: tuple[Any, ...]) -> EncryptionKeyError | None:
+    """The key the input needs and this worker does not hold, if its codec said so
+    (`durably.codec.UNDECRYPTABLE`); what the run does about it is `waits_for_key`'s."""
+    for value in payload:
+        sealed = undecryptable(value.payload) if isinstance(value, RawValue) else None
+        if sealed is not None and sealed.key_missing:
+            return sealed
+    return None
+
+
+def waits_for_key(info: workflow.Info) -> bool:
+    """Whether a run whose input needs a key this worker lacks waits for the key (every
+    workflow task fails until a worker holds it; SPEC section 18) rather than refusing it.
+
+    Replayed, the input is one the run accepted once (or refused: then it is closed, and
+    only a query replays it): the run waits. A continued run's input is durably's own,
+    carrying what the run did: it waits too (once its origin is confirmed). Only a
+    client's new input is refused: the run has done nothing, and a forged one with a key
+    id nobody holds would otherwise make a run no operator sees.
+    """
+    return workflow.unsafe.is_replaying() or bool(info.continued_run_id)
+
+
+def refused_state(agent_id: str, problem: str | None) -> RunState:
+    """The state of a run whose start durably refused: failed, holding nothing it was sent."""
+    return RunState(
+        agent_id=agent_id,
+        input="",
+        digest=EMPTY_DIGEST,
+        status=RunStatus.FAILED,
+        error=problem,
+        retryable=False,
+    )
+
+
+def origin_check(state: RunState, info: workflow.Info) -> OriginCheck | None:
+    """What the worker must confirm before the run honours what it was passed, or None.
+
+    A run that continues another confirms its predecessor (which confirmed its
+    own parent when its chain began); a session's or a subagent's first run
+    confirms its parent. A run started by a client honours nothing of the kind.
+    """
+    if info.continued_run_id:
+        return OriginCheck(
+            workflow_id=info.workflow_id,
+            task_queue=info.task_queue,
+            predecessor_run_id=info.continued_run_id,
+        )
+    if info.parent is not None and (state.session is not None or state.parent is not None):
+        return OriginCheck(
+            workflow_id=info.workflow_id,
+            task_queue=info.task_queue,
+            parent_workflow_id=info.parent.workflow_id,
+            parent_run_id=info.parent.run_id,
+            parent_type=SESSION_WORKFLOW_TYPE if state.session is not None else WORKFLOW_TYPE,
+        )
+    return None
 
 
 def _agent_id_of(payload: tuple[Any, ...]) -> str:

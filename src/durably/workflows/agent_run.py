@@ -129,6 +129,7 @@ with workflow.unsafe.imports_passed_through():
         restore_page,
         tool_call,
         verify_approval,
+        verify_origin,
         verify_repair,
     )
     from durably.workflows._continuation import carried
@@ -146,7 +147,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from durably.workflows._metrics import run_trace_id, status_published
     from durably.workflows._operator_text import refused_details, status_details
-    from durably.workflows._run_input import initial_state, one_raw_argument
+    from durably.workflows._run_input import (
+        initial_state,
+        missing_key,
+        one_raw_argument,
+        origin_check,
+        refused_state,
+        waits_for_key,
+    )
     from durably.workflows._snapshot import build_snapshot
     from durably.workflows._validation import (
         Rejected,
@@ -160,6 +168,7 @@ __all__ = [
     "PATCHES",
     "PATCH_HARDENED",
     "PATCH_LIMITS",
+    "PATCH_ORIGIN",
     "PATCH_PARALLEL_TOOLS",
     "PATCH_REPAIR",
     "PATCH_SEED_FIDELITY",
@@ -207,6 +216,12 @@ PATCH_SIGNALS_COMMUTE = "durably-signals-commute"
 # release cannot go past it (its replay fails on the marker), so it never runs a discarded
 # manual call again.
 PATCH_REPAIR = "durably-repair"
+# What changed next: a run that continues another, or that a session or a parent run
+# started, has its worker confirm with the server that the workflow it came from is
+# durably's own on the run's task queue before it honours anything that workflow passed
+# (carried approvals and pin, a conversation, a parent); otherwise it fails at once.
+# Checked only in such runs, so runs a client started record no marker for it.
+PATCH_ORIGIN = "durably-origin-confirmed"
 # Every patch since 0.1.0, oldest first.
 PATCHES: tuple[str, ...] = (
     PATCH_HARDENED,
@@ -216,6 +231,7 @@ PATCHES: tuple[str, ...] = (
     PATCH_LIMITS,
     PATCH_SIGNALS_COMMUTE,
     PATCH_REPAIR,
+    PATCH_ORIGIN,
 )
 
 T = TypeVar("T")
@@ -243,6 +259,9 @@ class AgentRunWorkflow:
         state, self._input_problem = initial_state(
             payload, info, hardened=self._hardened, limits_apply=self._limits_apply
         )
+        # An input that needs a key this worker lacks: the run waits for it, or refuses it.
+        sealed = missing_key(payload) if self._hardened else None
+        self._missing_key = sealed if sealed is not None and waits_for_key(info) else None
         self._run_id = info.workflow_id
         # Followers read these by query; nothing here is recorded (see `_live`).
         self._live = LiveEvents(state.stream_offset)
@@ -290,7 +309,9 @@ class AgentRunWorkflow:
     async def run(self, *payload: Any) -> RunResult:
         m = self._m
         if self._input_problem is not None:
+            await self._wait_for_key()
             self._refuse_input(self._input_problem)
+        await self._confirm_origin()
         workflow.set_current_details(f"Starting a run of agent {md_code(m.s.agent_id)}")
         self._publish()  # a run that continued as new while parked or waiting shows it
         try:
@@ -322,13 +343,46 @@ class AgentRunWorkflow:
             self._live.detach()
             raise
 
+    async def _confirm_origin(self) -> None:
+        """Fail the run, holding nothing it was passed, unless the workflow that continued
+        into it or started it is durably's own (`durably.activities._origin`)."""
+        check = origin_check(self._m.s, workflow.info()) if self._hardened else None
+        if check is None or not workflow.patched(PATCH_ORIGIN):
+            return
+        self._decide_limits()
+        # A query answered meanwhile shows the run as it continues (a parked run, parked).
+        self._show_details()
+        problem = await verify_origin(check)
+        if problem:
+            self._m.s = refused_state(self._m.s.agent_id, problem)
+            self._refuse_input(problem)
+
+    async def _wait_for_key(self) -> None:
+        """Fail this workflow task, and so every one until a worker holds the key, if the
+        state the run carried is durably's own but encrypted with a key this worker lacks
+        (SPEC section 18: a missing key is an operator's error, and the run waits for it).
+        A forged one, from a workflow not durably's, is refused like any forged input."""
+        if self._missing_key is None:
+            return
+        check = origin_check(self._m.s, workflow.info())
+        if workflow.unsafe.is_replaying() or check is None or not workflow.patched(PATCH_ORIGIN):
+            raise self._missing_key
+        problem = await verify_origin(check)
+        if problem:
+            self._input_problem = problem
+            return
+        raise self._missing_key
+
+    def _decide_limits(self) -> None:
+        """Decide whether limits apply before the first local activity: a patch marker after
+        a local activity's, in the same workflow task, does not replay."""
+        if self._m.s.limits is not None or self._m.s.max_turns is not None:
+            self._limits_apply()
+
     async def _pin_run(self) -> None:
         """Pin the registration, and the limits the run applies under it."""
         m = self._m
-        if m.s.limits is not None or m.s.max_turns is not None:
-            # Decided before the pin: a patch marker after a local activity's, in the same
-            # workflow task, does not replay.
-            self._limits_apply()
+        self._decide_limits()
         m.pinned(await self._operation(PIN, self._pin))
         self._pin_clock = None
         problem = m.start_limits() if self._parallel else None
@@ -1252,11 +1306,16 @@ class AgentRunWorkflow:
         if updates:
             workflow.upsert_search_attributes(updates)
             status_published(updates, s.agent_id)  # a metric: records no command
-        details = status_details(self._run_id, s, running=self._running)
-        if details is not None:
-            workflow.set_current_details(details)
+        self._show_details()
         self._report_to_session()
         self._report_to_parent()
+
+    def _show_details(self) -> None:
+        """The run's current details, unless it is running (then what it runs says it):
+        what the Web UI and the snapshot show, never a command."""
+        details = status_details(self._run_id, self._m.s, running=self._running)
+        if details is not None:
+            workflow.set_current_details(details)
 
     def _in_failed_session_run(self) -> bool:
         return self._m.s.session is not None and self._m.s.status == RunStatus.FAILED

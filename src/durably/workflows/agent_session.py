@@ -64,7 +64,12 @@ with workflow.unsafe.imports_passed_through():
     from durably.workflows._activities import restore_page, run_transcript
     from durably.workflows._handler_input import refusals
     from durably.workflows._live import LiveEvents
-    from durably.workflows._run_input import decode_arguments, one_raw_argument
+    from durably.workflows._run_input import (
+        decode_arguments,
+        missing_key,
+        one_raw_argument,
+        waits_for_key,
+    )
     from durably.workflows._session_machine import SessionMachine, read_session_input
     from durably.workflows._validation import Rejected, parse_request
 
@@ -79,6 +84,11 @@ class AgentSessionWorkflow:
     @one_raw_argument
     def __init__(self, *payload: Any) -> None:
         info = workflow.info()
+        # Carried state a worker cannot decrypt for want of a key: every task fails until
+        # the key is back (SPEC section 18), rather than the session losing its runs.
+        sealed = missing_key(payload)
+        if sealed is not None and waits_for_key(info):
+            raise sealed
         values, problem = decode_arguments(payload)
         if problem is None:
             start, problem = read_session_input(values, continued=bool(info.continued_run_id))
