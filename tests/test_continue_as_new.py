@@ -286,7 +286,14 @@ async def test_restoring_from_a_previous_run_that_is_gone_fails_with_what_to_do(
 
     activities = AgentActivities(AgentRegistry(), cache=TranscriptCache(max_runs=0))
     activity_env = ActivityEnvironment(client=env.client)
-    activity_env.info = dataclasses.replace(activity_env.info, workflow_id=run.run_id)
+    described = await client.temporal.get_workflow_handle(run.run_id).describe()
+    activity_env.info = dataclasses.replace(
+        activity_env.info,
+        workflow_id=run.run_id,
+        workflow_run_id=described.run_id,
+        workflow_type="AgentRunWorkflow",
+        task_queue=client.task_queue,
+    )
     gone = TranscriptArchive(
         run_id=str(uuid.uuid4()), length=3, digest="0" * 64, base_length=3, new=[]
     )

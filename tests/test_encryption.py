@@ -283,8 +283,12 @@ class TestForgedCiphertext:
             with pytest.raises(WorkflowFailureError) as failed:
                 await client.temporal.get_workflow_handle(run_id).result()
             assert "could not be decrypted" in str(failed.value.cause)
-            listed = await client.list_runs(status=RunStatus.FAILED, limit=100)
-            assert run_id in [r.run_id for r in listed]
+
+            async def listed() -> bool:  # the visibility store follows a moment later
+                runs = await client.list_runs(status=RunStatus.FAILED, limit=100)
+                return run_id in [r.run_id for r in runs]
+
+            await eventually(listed)
         assert await task_failures(client, run_id) == []
 
 

@@ -54,6 +54,7 @@ from durably.activities import TranscriptCache
 from durably.contract import (
     PIN_DIGEST_PREFIX,
     SA_STATUS,
+    SESSION_WORKFLOW_TYPE,
     ConversationRef,
     RespondAccepted,
     RunInput,
@@ -216,6 +217,51 @@ class TestForgedStartInput:
         assert failed_tasks(histories) == []
         await record_history(client, run_id, f"refused_a_chain_from_{forger}")
 
+    async def test_a_callers_own_workflow_cannot_continue_as_new_into_a_session(
+        self, env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """A session's carried state names its runs and the run its conversation is read
+        from: a caller's own workflow continued as new into `AgentSessionWorkflow` with a
+        conversation of its making, and the session's runs read it as their own."""
+        ledger = Ledger()
+        await runtimes.start([ledger.registration()])
+        session_id = f"forged-session-{uuid.uuid4().hex[:8]}"
+        forged = {
+            "agent_id": "payer",
+            "carried": {
+                "version": "1",
+                "runs": [{"run_id": f"{session_id}-1-a", "status": "queued", "input": "pay"}],
+                "archive": {
+                    "run_id": str(uuid.uuid4()),
+                    "length": 0,
+                    "digest": EMPTY_DIGEST,
+                    "base_length": 0,
+                    "new": [],
+                },
+            },
+        }
+        own_queue = f"callers-own-{uuid.uuid4().hex[:8]}"
+
+        async with Worker(env.client, task_queue=own_queue, workflows=[ForgedChainWorkflow]):
+            await env.client.start_workflow(
+                "ForgedChainWorkflow",
+                ForgedChain(input=forged, task_queue=client.task_queue, into=SESSION_WORKFLOW_TYPE),
+                id=session_id,
+                task_queue=own_queue,
+            )
+            message = await _refusal(client, session_id)
+
+        assert "not a durably AgentSessionWorkflow" in message and own_queue in message
+        assert ledger.paid == []
+        histories = await chain_histories(client, session_id)
+        assert failed_tasks(histories) == []
+        assert not [
+            e
+            for h in histories
+            for e in h.events
+            if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+        ]
+
     async def test_a_callers_own_workflow_cannot_start_a_run_into_a_sessions_conversation(
         self, env: WorkflowEnvironment, client: DurableClient, runtimes: Runtimes
     ) -> None:
@@ -243,7 +289,7 @@ class TestForgedStartInput:
             message = await _refusal(client, run_id)
 
         assert "ChildWorkflowError" in child_ended or "failed" in child_ended.lower()
-        assert "not a durably AgentSessionWorkflow" in message
+        assert "not a durably AgentSessionWorkflow" in message and own_queue in message
         assert ledger.paid == []
         await record_history(client, run_id, "refused_a_run_a_forged_session_started")
 
@@ -390,10 +436,11 @@ class ForgedChain:
 
     input: dict[str, Any]
     task_queue: str
+    into: str = "AgentRunWorkflow"
 
 
 def _continue_into(chain: ForgedChain) -> None:
-    workflow.continue_as_new(chain.input, workflow="AgentRunWorkflow", task_queue=chain.task_queue)
+    workflow.continue_as_new(chain.input, workflow=chain.into, task_queue=chain.task_queue)
 
 
 @workflow.defn(name="ForgedChainWorkflow", sandboxed=False)
@@ -417,9 +464,10 @@ class ImpostorRunWorkflow:
 FORGERS = {"ForgedChainWorkflow": ForgedChainWorkflow, "AgentRunWorkflow": ImpostorRunWorkflow}
 
 
-@workflow.defn(name="ForgedParentWorkflow", sandboxed=False)
+@workflow.defn(name="AgentSessionWorkflow", sandboxed=False)
 class ForgedParentWorkflow:
-    """A caller's own workflow, named as a session, that starts a run as its child."""
+    """A caller's own workflow, named as durably's session workflow on the caller's own
+    task queue, that starts a run as its child."""
 
     @workflow.run
     async def run(self, chain: ForgedChain) -> str:
@@ -499,7 +547,7 @@ class TestPinnedPolicies:
                 task_queue=own_queue,
             )
 
-        assert refused.startswith("refused:") and "not by a durably run" in refused
+        assert refused.startswith("refused:") and "not by a durably AgentRunWorkflow" in refused
         assert own_queue in refused
         assert ledger.paid == []
 

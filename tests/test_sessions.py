@@ -39,7 +39,14 @@ from durably.messages import (
 )
 from durably.tools import question_tool
 
-from .conftest import Runtimes, eventually, record_history, wait_for_status
+from .conftest import (
+    Runtimes,
+    chain_histories,
+    eventually,
+    failed_tasks,
+    record_history,
+    wait_for_status,
+)
 
 
 class Order(BaseModel):
@@ -287,6 +294,98 @@ class TestContinueAsNew:
             *[line for t in texts[:3] for line in (f"user: {t}", f"assistant: noted: {t}")],
             "user: four",
         ]
+
+
+def reader() -> AgentRegistration:
+    """Says how much it was sent, never repeating it (a large answer would double it)."""
+
+    def answer(request: ModelRequest) -> AssistantMessage:
+        sizes = [len(m.content) for m in request.messages if isinstance(m, UserMessage)]
+        return AssistantMessage(content=f"read {sizes}")
+
+    agent = Agent(id="reader", model=FunctionModel(answer, name="reader"), instructions="")
+    return AgentRegistration(agent, version="1")
+
+
+class TestLargeSubmissions:
+    """Temporal terminates a workflow whose history reaches 50 MB, and a session that is
+    terminated cancels its open run (its parent-close policy)."""
+
+    async def test_a_session_of_large_submissions_continues_as_new_on_its_size(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Each 1 MB submission adds about 3 MB to the session's history (the update, the
+        run's start, its transcript); a session that counted only events never continued
+        as new, and nineteen of them ended it."""
+        await runtimes.start([reader()])
+        session = await client.start_session("reader")
+        for i in range(5):  # one after the other: the last run may still be closing
+            run = await session.submit(f"{i}" + "x" * 1_000_000, if_busy="enqueue")
+            await eventually(partial(is_started, session, i))
+            result = await run.result()
+            assert result.output == f"read {[1_000_001] * (i + 1)}"
+        await eventually(holds(session, 10))
+
+        snapshot = await session.snapshot()
+        assert [r.status for r in snapshot.runs] == ["completed"] * 5
+        # Cut to their start, with their size (runs carried past a continue-as-new keep
+        # no input at all).
+        assert all(len(r.input) <= 1_000 for r in snapshot.runs)
+        assert snapshot.runs[-1].input_bytes == 1_000_001
+        histories = await chain_histories(client, session.session_id)
+        assert len(histories) >= 2 and failed_tasks(histories) == []
+        assert max(sum(e.ByteSize() for e in h.events) for h in histories) < 16 * 2**20
+
+    async def test_a_session_continues_as_new_at_the_size_it_was_started_with(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        await runtimes.start([reader()])
+        session_id = f"sized-{uuid.uuid4().hex[:8]}"
+        await client.temporal.start_workflow(
+            SESSION_WORKFLOW_TYPE,
+            {"agent_id": "reader", "continue_as_new_bytes": 2**16},
+            id=session_id,
+            task_queue=client.task_queue,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(SA_SESSION, session_id)]),
+        )
+        session = await client.get_session(session_id)
+        for i in range(3):
+            run = await session.submit(f"{i}" + "y" * 30_000, if_busy="enqueue")
+            await eventually(partial(is_started, session, i))
+            assert (await run.result()).output == f"read {[30_001] * (i + 1)}"
+
+        histories = await chain_histories(client, session_id)
+        assert len(histories) >= 2 and failed_tasks(histories) == []
+        described = await client.temporal.get_workflow_handle(session_id).describe()
+        first = described.raw_description.workflow_execution_info.first_run_id
+        await record_history(client, session_id, "session_continuing_on_its_size", first)
+        await record_history(client, session_id, "session_continued_on_its_size")
+
+    async def test_queued_submissions_past_what_a_session_carries_are_refused_before_history(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """Queued submissions travel in the session's continue-as-new input, one payload:
+        three of 900 kB made it 2.7 MB, every workflow task failed, and none ran."""
+        await runtimes.start([asker()])
+        session = await client.start_session("asker")
+        first = await session.submit("where is my order?")
+        waiting = await wait_for_status(first, RunStatus.WAITING)
+        queued = await session.submit("a" * 900_000, if_busy="enqueue")
+        handle = client.temporal.get_workflow_handle(session.session_id)
+        before = len((await handle.fetch_history()).events)
+
+        with pytest.raises(DurableConflictError, match="bytes of queued submissions"):
+            await session.submit("b" * 900_000, if_busy="enqueue")
+
+        assert len((await handle.fetch_history()).events) == before
+        assert [r.status for r in (await session.snapshot()).runs] == ["open", "queued"]
+        assert waiting.interaction is not None
+        await first.answer(waiting.interaction.id, "order 7")
+        await eventually(partial(is_started, session, 1))
+        asked = await wait_for_status(queued, RunStatus.WAITING)
+        assert asked.interaction is not None
+        await queued.answer(asked.interaction.id, "nothing more")
+        assert "nothing more" in ((await queued.result()).output or "")
 
 
 async def continued_runs(client: DurableClient, workflow_id: str) -> int:

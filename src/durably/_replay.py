@@ -12,6 +12,7 @@ workflow-task failures by cause from here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
@@ -21,6 +22,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
+from durably.codec import EncryptionCodec
 from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
 
 __all__ = [
@@ -31,7 +33,12 @@ __all__ = [
 
 
 def _replayer(data_converter: DataConverter) -> Replayer:
-    """A replayer of durably's workflows, as deployed (outside the sandbox), with no cache."""
+    """A replayer of durably's workflows, as deployed (outside the sandbox), with no cache,
+    and with durably's encryption as a worker's (a forged ciphertext the run refused is
+    refused again, not an error)."""
+    codec = data_converter.payload_codec
+    if isinstance(codec, EncryptionCodec) and not codec.is_worker:
+        data_converter = dataclasses.replace(data_converter, payload_codec=codec.for_worker())
     return Replayer(
         workflows=[AgentRunWorkflow, AgentSessionWorkflow],
         data_converter=data_converter,

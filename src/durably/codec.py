@@ -53,6 +53,7 @@ from typing import Self
 import structlog
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import (
     PayloadCodec,
@@ -242,13 +243,15 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
         return twin
 
     def _open(self, payload: Payload) -> Payload:
-        if not self._marking:
+        # An activity's own client calls (a query's answer) are a client's: they raise.
+        if not self._marking or activity.in_activity():
             return self._decrypt(payload)
         try:
             return self._decrypt(payload)
         except EncryptionKeyError as err:
             _log.warning(
-                "a payload sent to a workflow could not be decrypted; the run refuses it",
+                "a payload sent to a workflow could not be decrypted; the run refuses it, or "
+                "waits for its key if it accepted it before",
                 key_id=err.key_id[:40],
                 reason=str(err)[:300],
             )

@@ -66,6 +66,7 @@ __all__ = [
     "SA_STATUS",
     "SEARCH_ATTRIBUTES",
     "SESSION_WORKFLOW_TYPE",
+    "SNAPSHOT_INPUT_CHARS",
     "WORKFLOW_TYPE",
     "AgentPin",
     "Answer",
@@ -797,9 +798,12 @@ class OriginCheck(_Model):
 
     workflow_id: str
     task_queue: str
-    # `workflow.info().continued_run_id`: the run that continued as new into this one.
+    # `workflow.info().continued_run_id`: the run that continued as new into this one,
+    # which must be of this run's own type.
     predecessor_run_id: str | None = None
-    # `workflow.info().parent`: the session or run that started this one as its child.
+    predecessor_type: str = WORKFLOW_TYPE
+    # `workflow.info().parent`: the session or run that started this one as its child;
+    # `parent_type` None: either.
     parent_workflow_id: str | None = None
     parent_run_id: str | None = None
     parent_type: str | None = None
@@ -1404,6 +1408,12 @@ class SessionRun(_Model):
     interrupt: bool = False
     # Submitted with `upgrade`: it pins the newest version, which the session then keeps.
     upgrade: bool = False
+    # In a snapshot, an input longer than `SNAPSHOT_INPUT_CHARS` is cut to its start, and
+    # this is its whole size in bytes (a snapshot holds every run; one payload must too).
+    input_bytes: int | None = None
+
+
+SNAPSHOT_INPUT_CHARS = 1_000
 
 
 class SessionCarried(_Model):
@@ -1426,14 +1436,16 @@ class SessionCarried(_Model):
 class SessionInput(_Model):
     """The session workflow's input; plain JSON so any Temporal client can start one.
 
-    `continue_as_new_events` is when the session continues as new (between
-    runs), 10,000 events by default. `carried` is set only by the session's
-    own continue-as-new and honoured only then.
+    `continue_as_new_events` and `continue_as_new_bytes` are when the session
+    continues as new (between runs): 10,000 events or 10 MiB by default.
+    `carried` is set only by the session's own continue-as-new and honoured
+    only then.
     """
 
     agent_id: str
     version: str | None = None
     continue_as_new_events: int | None = Field(default=None, ge=20, le=50_000)
+    continue_as_new_bytes: int | None = Field(default=None, ge=2**16, le=40 * 2**20)
     carried: SessionCarried | None = None
 
 

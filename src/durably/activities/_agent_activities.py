@@ -50,6 +50,8 @@ from durably.contract import (
     ACTIVITY_VERIFY_ORIGIN,
     ACTIVITY_VERIFY_REPAIR,
     PIN_DIGEST_PREFIX,
+    SESSION_WORKFLOW_TYPE,
+    WORKFLOW_TYPE,
     AgentPin,
     ErrorType,
     Handler,
@@ -327,6 +329,7 @@ class AgentActivities:
         reads it once from the previous run (a query, which replays that
         run's history) and serves the remaining pages from its cache.
         """
+        await self.callers.confirm((WORKFLOW_TYPE, SESSION_WORKFLOW_TYPE))
         run_id = _run_id()
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
             messages = await restored_transcript(self.cache, run_id, request)
@@ -337,6 +340,7 @@ class AgentActivities:
         """A page of a closed run's own transcript, for the session that ran it: the
         session keeps each run's messages once, whatever later happens to the run's
         history (namespace retention deletes it)."""
+        await self.callers.confirm((SESSION_WORKFLOW_TYPE,))
         handle = activity.client().get_workflow_handle(request.run_id)
         async with heartbeating(_heartbeat_interval(activity.info().heartbeat_timeout)):
             page = await ask(

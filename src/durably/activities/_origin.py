@@ -39,7 +39,7 @@ from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from durably.contract import WORKFLOW_TYPE, ErrorType, OriginCheck
+from durably.contract import SESSION_WORKFLOW_TYPE, WORKFLOW_TYPE, ErrorType, OriginCheck
 
 __all__ = ["Callers", "origin_problem"]
 
@@ -56,26 +56,28 @@ class Callers:
         self._confirmed: OrderedDict[str, None] = OrderedDict()
         self._remembered = remembered
 
-    async def confirm(self) -> None:
-        """Raise unless the workflow that scheduled this activity is a durably run on
-        this activity's task queue; a server that does not answer is asked again."""
+    async def confirm(self, types: tuple[str, ...] = (WORKFLOW_TYPE,)) -> None:
+        """Raise unless the workflow that scheduled this activity is durably's own, of one
+        of `types`, on this activity's task queue; a server that does not answer is
+        asked again."""
         info = activity.info()
         run = info.workflow_run_id or ""
-        if run in self._confirmed:
+        if run in self._confirmed and info.workflow_type in types:
             self._confirmed.move_to_end(run)
             return
         found = await _describe_patiently(activity.client(), info.workflow_id or "", run)
         queue = _task_queue(found) if found is not None else None
-        if found is None or found.workflow_type != WORKFLOW_TYPE or queue != info.task_queue:
+        if found is None or found.workflow_type not in types or queue != info.task_queue:
             what = (
                 "no workflow the server knows"
                 if found is None
                 else f"a {found.workflow_type[:100]!r} workflow on task queue {str(queue)[:100]!r}"
             )
             raise ApplicationError(
-                f"{info.activity_type} was scheduled by {what}, not by a durably run on task "
-                f"queue {info.task_queue[:100]!r}: a worker runs models and tools only for "
-                "durably's own runs, under their approvals. Start a run to call them",
+                f"{info.activity_type} was scheduled by {what}, not by a durably "
+                f"{' or '.join(types)} on task queue {info.task_queue[:100]!r}: a worker "
+                "runs models and tools, and reads transcripts, only for durably's own "
+                "workflows. Start a run to call them",
                 type=ErrorType.FOREIGN_CALLER,
                 non_retryable=True,
             )
@@ -118,20 +120,20 @@ async def origin_problem(client: Client, check: OriginCheck) -> str:
             check,
             check.workflow_id,
             check.predecessor_run_id,
-            WORKFLOW_TYPE,
+            (check.predecessor_type,),
             what="the run it continues",
             honoured="state carried across a continue-as-new",
             continued=True,
         )
         if problem:
             return problem
-    if check.parent_workflow_id is not None and check.parent_type is not None:
+    if check.parent_workflow_id is not None:
         return await _not_durably(
             client,
             check,
             check.parent_workflow_id,
             check.parent_run_id,
-            check.parent_type,
+            (check.parent_type,) if check.parent_type else (WORKFLOW_TYPE, SESSION_WORKFLOW_TYPE),
             what="its parent workflow",
             honoured="what a session or a parent run passes its child",
             continued=False,
@@ -144,14 +146,14 @@ async def _not_durably(
     check: OriginCheck,
     workflow_id: str,
     run_id: str | None,
-    expected_type: str,
+    expected: tuple[str, ...],
     *,
     what: str,
     honoured: str,
     continued: bool,
 ) -> str:
-    """Why the workflow is not durably's own `expected_type` on the run's task queue ("" if
-    it is); `continued`: it must also have continued as new (into this run)."""
+    """Why the workflow is not durably's own, of an `expected` type, on the run's task queue
+    ("" if it is); `continued`: it must also have continued as new (into this run)."""
     try:
         found = await client.get_workflow_handle(workflow_id, run_id=run_id).describe()
     except RPCError as err:
@@ -162,15 +164,15 @@ async def _not_durably(
             f"confirm it was a durably run; {honoured} is honoured only from one. Start a new run"
         )
     if (
-        found.workflow_type == expected_type
+        found.workflow_type in expected
         and _task_queue(found) == check.task_queue
         and (not continued or _continued_as_new(found))
     ):
         return ""
     return (
         f"{what} is a {found.workflow_type[:100]!r} workflow on task queue "
-        f"{_task_queue(found)[:100]!r}, not a durably {expected_type} on this run's task queue "
-        f"{check.task_queue[:100]!r}; {honoured} is honoured only from durably's own. "
+        f"{_task_queue(found)[:100]!r}, not a durably {' or '.join(expected)} on this run's "
+        f"task queue {check.task_queue[:100]!r}; {honoured} is honoured only from durably's own. "
         "Start runs with the client, `durably run` or a session, never through a "
         "workflow of your own"
     )

@@ -38,6 +38,10 @@ def decode_signal(raw: RawValue) -> Any:
     """A signal's payload, or a rejection saying why it could not be read (a payload
     the worker could not decrypt arrives as `durably.codec.UNDECRYPTABLE`)."""
     sealed = undecryptable(raw.payload)
+    if sealed is not None and sealed.key_missing and workflow.unsafe.is_replaying():
+        # Taken once by a worker that held the key: this one waits for it (the task
+        # fails until a worker with the key takes it), never refuses it now.
+        raise sealed
     if sealed is not None:
         raise rejection(
             ErrorType.INVALID_RESPONSE,

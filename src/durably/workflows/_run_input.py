@@ -65,6 +65,7 @@ __all__ = [
     "origin_check",
     "read_run_input",
     "refused_state",
+    "sender_check",
     "waits_for_key",
 ]
 
@@ -268,11 +269,12 @@ def waits_for_key(info: workflow.Info) -> bool:
 
     Replayed, the input is one the run accepted once (or refused: then it is closed, and
     only a query replays it): the run waits. A continued run's input is durably's own,
-    carrying what the run did: it waits too (once its origin is confirmed). Only a
-    client's new input is refused: the run has done nothing, and a forged one with a key
+    carrying what the run did, and a child's is its session's or parent run's: they wait
+    too, once their origin is confirmed (`sender_check`). Only a client's new input is
+    refused: the run has done nothing, and a forged one with a key
     id nobody holds would otherwise make a run no operator sees.
     """
-    return workflow.unsafe.is_replaying() or bool(info.continued_run_id)
+    return workflow.unsafe.is_replaying() or bool(info.continued_run_id) or info.parent is not None
 
 
 def refused_state(agent_id: str, problem: str | None) -> RunState:
@@ -285,6 +287,26 @@ def refused_state(agent_id: str, problem: str | None) -> RunState:
         error=problem,
         retryable=False,
     )
+
+
+def sender_check(info: workflow.Info) -> OriginCheck | None:
+    """What the worker confirms before a run waits for the key of an input it cannot
+    read: the predecessor or the parent that sent it is durably's own."""
+    if info.continued_run_id:
+        return OriginCheck(
+            workflow_id=info.workflow_id,
+            task_queue=info.task_queue,
+            predecessor_run_id=info.continued_run_id,
+            predecessor_type=info.workflow_type,
+        )
+    if info.parent is not None:
+        return OriginCheck(
+            workflow_id=info.workflow_id,
+            task_queue=info.task_queue,
+            parent_workflow_id=info.parent.workflow_id,
+            parent_run_id=info.parent.run_id,
+        )
+    return None
 
 
 def origin_check(state: RunState, info: workflow.Info) -> OriginCheck | None:

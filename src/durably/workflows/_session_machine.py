@@ -16,6 +16,7 @@ from durably.contract import (
     CONTROL_CHARACTERS,
     MAX_NAME_CHARS,
     MAX_RUN_INPUT_BYTES,
+    SNAPSHOT_INPUT_CHARS,
     ConversationRef,
     ErrorType,
     RunStatus,
@@ -31,8 +32,11 @@ from durably.messages import AssistantMessage, Message, ToolResultMessage
 from durably.workflows._validation import rejection, short
 
 __all__ = [
+    "CONTINUE_AS_NEW_BYTES",
     "CONTINUE_AS_NEW_EVENTS",
+    "HISTORY_ROOM",
     "MAX_QUEUED",
+    "MAX_QUEUED_BYTES",
     "SessionMachine",
     "answered_every_call",
     "read_session_input",
@@ -42,6 +46,17 @@ __all__ = [
 MAX_QUEUED = 100
 # A session's history length at which it continues as new (between runs), by default.
 CONTINUE_AS_NEW_EVENTS = 10_000
+# And its history's size (what it spent restoring its conversation not counted): each
+# large submission adds about three times its size (the update, the run's start, the
+# run's transcript), and Temporal terminates a workflow at 50 MB.
+CONTINUE_AS_NEW_BYTES = 10 * 2**20
+# The queued submissions' text, which continue-as-new carries in one payload (Temporal
+# refuses one over 2 MiB, and a session that cannot continue as new would loop): room
+# for one submission of the largest size, or many small ones.
+MAX_QUEUED_BYTES = 1536 * 2**10
+# What a session's history may hold before it refuses submissions while a run is open
+# (it continues as new only between runs): well under Temporal's 50 MB termination.
+HISTORY_ROOM = 40 * 2**20
 _SESSION_EXPECTED = '{"agent_id": "...", "version": null}'
 _CLOSED = ("completed", "failed", "cancelled")
 
@@ -113,6 +128,7 @@ class SessionMachine:
         self.digest = EMPTY_DIGEST
         self.closing = False
         self.continue_as_new_events = start.continue_as_new_events or CONTINUE_AS_NEW_EVENTS
+        self.continue_as_new_bytes = start.continue_as_new_bytes or CONTINUE_AS_NEW_BYTES
         # The conversation a continued session has yet to copy in from its previous run.
         self.archive: TranscriptArchive | None = None
         self._new_id = new_id
@@ -124,6 +140,11 @@ class SessionMachine:
             self.runs = start.carried.runs
             self.closing = start.carried.closing
             self.archive = start.carried.archive
+
+    def refuse(self, problem: str) -> None:
+        """The session's start was refused after all: failed, holding nothing it carried."""
+        self.error = problem
+        self.runs, self.archive, self.closing = [], None, False
 
     # -- continue-as-new (between runs only) ------------------------------------------
 
@@ -144,6 +165,7 @@ class SessionMachine:
         return SessionInput(
             agent_id=self.agent_id,
             continue_as_new_events=self.continue_as_new_events,
+            continue_as_new_bytes=self.continue_as_new_bytes,
             carried=SessionCarried(
                 version=self.version, runs=runs, archive=archive, closing=self.closing
             ),
@@ -201,6 +223,37 @@ class SessionMachine:
                 f"session {self.session_id!r} already has {MAX_QUEUED} submissions queued; "
                 "wait for some to run",
             )
+
+    def check_room(self, request: SubmitRequest, history_bytes: int) -> None:
+        """Raise if accepting `request` now could take the session where it cannot go on:
+        its queue past what continue-as-new carries, or its history, while a run is
+        open, toward Temporal's limit. Only validators call this: a submission accepted
+        before these bounds existed must still be taken when replayed."""
+        size = len(request.input.encode("utf-8", "surrogatepass"))
+        busy = self.busy()
+        if busy is None:
+            return
+        queued = sum(len(r.input.encode("utf-8", "surrogatepass")) for r in self._queued())
+        if queued + size > MAX_QUEUED_BYTES:
+            raise rejection(
+                ErrorType.DURABLE_CONFLICT,
+                f"session {self.session_id!r} already holds {queued:,} bytes of queued "
+                f"submissions; with this one ({size:,} bytes) that is more than the "
+                f"{MAX_QUEUED_BYTES:,} a session carries while run {busy.run_id!r} is not "
+                "done. Wait for the queue to run, or submit less (put a large document where "
+                "the agent's tools can read it, and submit where it is)",
+            )
+        if history_bytes + 3 * size > HISTORY_ROOM:
+            raise rejection(
+                ErrorType.DURABLE_CONFLICT,
+                f"session {self.session_id!r} has a history of {history_bytes / 2**20:.1f} MiB "
+                f"while run {busy.run_id!r} is not done, and continues as new only between "
+                "runs: this submission could take it to Temporal's history limit. Submit "
+                "again once that run has closed",
+            )
+
+    def _queued(self) -> list[SessionRun]:
+        return [r for r in self.runs if r.status == "queued"]
 
     def submit(self, request: SubmitRequest) -> SubmitAccepted:
         """Queue a submission (checked already); its run starts when it is first in line.
@@ -321,8 +374,18 @@ class SessionMachine:
             session_id=self.session_id,
             agent_id=self.agent_id,
             version=self.version,
-            runs=[r.model_copy() for r in self.runs],
+            runs=[_shown(r) for r in self.runs],
             messages=len(self.conversation),
             closing=self.closing,
             error=self.error,
         )
+
+
+def _shown(run: SessionRun) -> SessionRun:
+    """`run` as a snapshot shows it: a long input cut to its start, with its whole size
+    (a session's snapshot of 1 MB submissions passed Temporal's 2 MB and every read of it
+    failed with a raw gRPC error)."""
+    if len(run.input) <= SNAPSHOT_INPUT_CHARS:
+        return run.model_copy()
+    size = len(run.input.encode("utf-8", "surrogatepass"))
+    return run.model_copy(update={"input": run.input[:SNAPSHOT_INPUT_CHARS], "input_bytes": size})

@@ -153,6 +153,7 @@ with workflow.unsafe.imports_passed_through():
         one_raw_argument,
         origin_check,
         refused_state,
+        sender_check,
         waits_for_key,
     )
     from durably.workflows._snapshot import build_snapshot
@@ -364,7 +365,7 @@ class AgentRunWorkflow:
         A forged one, from a workflow not durably's, is refused like any forged input."""
         if self._missing_key is None:
             return
-        check = origin_check(self._m.s, workflow.info())
+        check = sender_check(workflow.info())
         if workflow.unsafe.is_replaying() or check is None or not workflow.patched(PATCH_ORIGIN):
             raise self._missing_key
         problem = await verify_origin(check)

@@ -61,19 +61,31 @@ with workflow.unsafe.imports_passed_through():
         TranscriptPage,
     )
     from durably.messages import Message
-    from durably.workflows._activities import restore_page, run_transcript
+    from durably.workflows._activities import restore_page, run_transcript, verify_origin
     from durably.workflows._handler_input import refusals
     from durably.workflows._live import LiveEvents
     from durably.workflows._run_input import (
         decode_arguments,
         missing_key,
         one_raw_argument,
+        sender_check,
         waits_for_key,
     )
     from durably.workflows._session_machine import SessionMachine, read_session_input
     from durably.workflows._validation import Rejected, parse_request
 
 __all__ = ["AgentSessionWorkflow"]
+
+
+# What changed since sessions began (issue 27): a session continues as new (between runs)
+# when its history reaches `continue_as_new_bytes` (10 MiB), not only on events. Checked only when
+# the size alone would continue it, so sessions below it record no marker.
+PATCH_SESSION_SIZE = "durably-session-continues-on-size"
+# Next: a continued session has its worker confirm that the run it continues is a durably
+# session on its task queue before it honours what that run carried (a caller's own
+# workflow could continue as new into `AgentSessionWorkflow` with a forged conversation).
+# Checked only in continued sessions.
+PATCH_SESSION_ORIGIN = "durably-session-origin-confirmed"
 
 
 @workflow.defn(name=SESSION_WORKFLOW_TYPE, sandboxed=False)
@@ -84,11 +96,11 @@ class AgentSessionWorkflow:
     @one_raw_argument
     def __init__(self, *payload: Any) -> None:
         info = workflow.info()
-        # Carried state a worker cannot decrypt for want of a key: every task fails until
-        # the key is back (SPEC section 18), rather than the session losing its runs.
+        # Carried state a worker cannot decrypt for want of a key: once its origin is
+        # confirmed, every task fails until the key is back (SPEC section 18), rather
+        # than the session losing its runs.
         sealed = missing_key(payload)
-        if sealed is not None and waits_for_key(info):
-            raise sealed
+        self._missing_key = sealed if sealed is not None and waits_for_key(info) else None
         values, problem = decode_arguments(payload)
         if problem is None:
             start, problem = read_session_input(values, continued=bool(info.continued_run_id))
@@ -100,6 +112,9 @@ class AgentSessionWorkflow:
             info.workflow_id, start, problem, new_id=lambda: workflow.uuid4().hex[:8]
         )
         self._continuing = False
+        # The history's size once the conversation was restored: not counted toward
+        # continuing as new (else a long conversation would continue after every run).
+        self._base_bytes = 0
         # Followers read these by query; nothing here is recorded (see `_live`).
         self._live = LiveEvents(start.carried.stream_offset if start.carried else 0)
 
@@ -107,6 +122,7 @@ class AgentSessionWorkflow:
     @one_raw_argument
     async def run(self, *payload: Any) -> SessionSnapshot:
         m = self._m
+        await self._confirm_origin()
         if m.error is not None:
             raise ApplicationError(
                 f"durably refused this session's input: {m.error}",
@@ -115,6 +131,7 @@ class AgentSessionWorkflow:
             )
         if m.archive is not None:
             await self._restore()
+        self._base_bytes = workflow.info().get_current_history_size()
         while True:
             self._details()
             await workflow.wait_condition(lambda: m.next_run() is not None or m.finished())
@@ -125,8 +142,37 @@ class AgentSessionWorkflow:
                 self._live.detach()
                 return m.snapshot()
             await self._run(run)
-            if workflow.info().get_current_history_length() >= m.continue_as_new_events:
+            if self._history_full():
                 await self._continue_as_new()
+
+    async def _confirm_origin(self) -> None:
+        """A continued session honours what it carried (its runs, its conversation) only
+        once its worker has confirmed the run it continues is a durably session on this
+        task queue (`durably.activities._origin`), and waits for a missing key only then."""
+        info = workflow.info()
+        if self._missing_key is not None and workflow.unsafe.is_replaying():
+            raise self._missing_key
+        if not info.continued_run_id or not workflow.patched(PATCH_SESSION_ORIGIN):
+            if self._missing_key is not None:
+                raise self._missing_key
+            return
+        check = sender_check(info)
+        assert check is not None
+        problem = await verify_origin(check)
+        if problem:
+            self._m.refuse(problem)
+        elif self._missing_key is not None:
+            raise self._missing_key
+
+    def _history_full(self) -> bool:
+        """Time to continue as new (between runs): by events, or by bytes since the
+        conversation was restored (`PATCH_SESSION_SIZE`: sessions recorded before it
+        continued on events alone, and must replay so)."""
+        info = workflow.info()
+        if info.get_current_history_length() >= self._m.continue_as_new_events:
+            return True
+        full = info.get_current_history_size() - self._base_bytes >= self._m.continue_as_new_bytes
+        return full and workflow.patched(PATCH_SESSION_SIZE)
 
     async def _continue_as_new(self) -> NoReturn:
         """Continue as new between runs (never while a run is open: Temporal would apply
@@ -242,7 +288,9 @@ class AgentSessionWorkflow:
     @submit.validator
     def _validate_submit(self, *payload: Any) -> None:
         with refusals():
-            self._m.check_submit(parse_request(SubmitRequest, payload, SessionHandler.SUBMIT))
+            request = parse_request(SubmitRequest, payload, SessionHandler.SUBMIT)
+            self._m.check_submit(request)
+            self._m.check_room(request, workflow.info().get_current_history_size())
 
     @workflow.update(name=SessionHandler.CLOSE)
     def close(self, *payload: Any) -> SessionSnapshot:
