@@ -198,13 +198,13 @@ class TestKeyRotation:
         assert "order 8" in (result.output or "")
 
 
-def forged(key_id: bytes = b"a", cipher: bytes = b"aes256gcm") -> RawValue:
+def forged(key_id: bytes = b"a", cipher: bytes = b"aes256gcm", size: int = 64) -> RawValue:
     """What a caller with no key can send: metadata claiming encryption, a key id read from
     any history (or one nobody holds), and random bytes."""
     return RawValue(
         Payload(
             metadata={"encoding": ENCODING, "encryption-key-id": key_id, "durably-cipher": cipher},
-            data=os.urandom(64),
+            data=os.urandom(size),
         )
     )
 
@@ -213,6 +213,7 @@ FORGERIES = {
     "a-held-key-id": forged(b"a"),
     "an-unknown-key-id": forged(b"k-nobody-holds"),
     "an-unknown-cipher": forged(b"a", b"rot13"),
+    "a-short-ciphertext": forged(b"a", size=5),
 }
 
 

@@ -5,7 +5,9 @@ page that shows a run's text as it is written in headless Chromium."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +15,8 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from durably import (
     Agent,
@@ -25,9 +29,12 @@ from durably import (
     ToolContext,
     tool,
 )
+from durably._http import AsgiServer
+from durably.codec import EncryptionCodec, EncryptionKeys
+from durably.codec_server import codec_app
 from durably.messages import AssistantMessage, ToolCall
 from durably.models import last_tool_results
-from durably.web import LiveServer
+from durably.web import LiveServer, live_app
 
 from .browser import NEEDS_CHROMIUM, chromium
 from .conftest import Runtimes, wait_for_status
@@ -331,3 +338,75 @@ class TestQuietStreams:
             seen = await asyncio.wait_for(reader, 30)
 
         assert [m.event for m in seen][-1] == "run_completed"
+
+
+def _lan_address() -> str:
+    """This machine's address on its network (not loopback), as a peer there reaches it."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the route
+        address: str = probe.getsockname()[0]
+    finally:
+        probe.close()
+    return address
+
+
+async def _raw_post(address: str, port: int, path: str, body: Any, host: str) -> int:
+    """A tokenless JSON POST from this machine's `address`, naming `host`."""
+    reader, writer = await asyncio.open_connection(address, port)
+    data = json.dumps(body).encode()
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+        + data
+    )
+    raw = await reader.read()
+    writer.close()
+    return int(raw.split()[1])
+
+
+class TestMountedApps:
+    """durably's ASGI apps mounted in an app of the user's: a tokenless one trusted the
+    `Host` header, which any caller sets, and `pay` ran for a request from the network."""
+
+    def test_a_tokenless_app_must_say_it_serves_loopback_only(self, client: DurableClient) -> None:
+        with pytest.raises(DurablyError, match="loopback_only=True"):
+            live_app(client)
+        with pytest.raises(DurablyError, match="loopback_only=True"):
+            codec_app(EncryptionCodec(EncryptionKeys({"a": bytes(32)})))
+
+    async def test_a_request_from_the_network_naming_localhost_is_refused(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        lan = _lan_address()
+        if ipaddress.ip_address(lan).is_loopback:
+            pytest.skip("this machine has no network address besides loopback")
+
+        def model(request: ModelRequest) -> AssistantMessage:
+            if last_tool_results(request):
+                return AssistantMessage(content="done")
+            call = ToolCall(id="r", name="refund", arguments={"order": "A"})
+            return AssistantMessage(tool_calls=(call,))
+
+        agent = Agent(
+            id="refunder", model=FunctionModel(model, name="web.mounted"), instructions="",
+            tools=[refund],
+        )  # fmt: skip
+        await runtimes.start([AgentRegistration(agent, version="1")])
+        run = await client.start_run("refunder", "refund A")
+        snap = await wait_for_status(run, RunStatus.WAITING)
+        assert snap.interaction is not None
+        approve = {
+            "interaction_id": snap.interaction.id,
+            "response": {"type": "tool-approval", "approved": True},
+        }
+        app = Starlette(routes=[Mount("/durably", live_app(client, loopback_only=True))])
+        path = f"/durably/runs/{run.run_id}/respond"
+
+        async with AsgiServer(app, host="0.0.0.0", port=0, what="a user's app") as server:
+            refused = await _raw_post(lan, server.port, path, approve, host="localhost")
+            assert refused == 403
+            assert (await run.snapshot()).status == RunStatus.WAITING
+            local = await _raw_post("127.0.0.1", server.port, path, approve, host="localhost")
+            assert local == 200
+        assert (await run.result()).output == "done"

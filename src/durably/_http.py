@@ -20,11 +20,12 @@ from types import TracebackType
 from typing import Self
 
 import uvicorn
+from starlette.requests import Request
 from starlette.types import ASGIApp
 
 from durably.errors import DurablyError
 
-__all__ = ["AsgiServer", "is_loopback", "names_loopback"]
+__all__ = ["AsgiServer", "from_loopback", "is_loopback", "names_loopback", "tokenless"]
 
 
 def is_loopback(host: str) -> bool:
@@ -41,6 +42,26 @@ def names_loopback(host_header: str) -> bool:
     """Whether a request's `Host` names this machine (see the module docstring)."""
     host = urllib.parse.urlsplit(f"//{host_header}").hostname or ""
     return is_loopback(host)
+
+
+def from_loopback(request: Request) -> bool:
+    """Whether a request came from this machine and names it: its peer is a loopback
+    address and its `Host` a loopback name. The `Host` alone is the caller's to choose
+    (a request from the LAN with `Host: localhost` was served as local); the peer alone
+    is every client's behind a proxy on this machine, which is why a tokenless app is
+    never to be put behind one."""
+    peer = request.client.host if request.client is not None else ""
+    return is_loopback(peer) and names_loopback(request.headers.get("host", ""))
+
+
+def tokenless(what: str, loopback_only: bool) -> None:
+    """Refuse to build a tokenless app unless its maker said it serves loopback only."""
+    if not loopback_only:
+        raise DurablyError(
+            f"{what} without a token serves whoever reaches it: pass a token, or "
+            "loopback_only=True when it listens on 127.0.0.1 and no proxy on this machine "
+            "forwards to it (behind a proxy every request comes from loopback)"
+        )
 
 
 class AsgiServer:

@@ -95,6 +95,7 @@ _AES = b"aes256gcm"
 _AES_ZLIB = b"aes256gcm+zlib"
 _KEY_BYTES = 32
 _NONCE_BYTES = 12
+_TAG_BYTES = 16
 # Encoding many small payloads costs less inline than a thread hop each.
 _INLINE_BYTES = 64 * 1024
 
@@ -286,6 +287,13 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
                 kid,
             )
         aes = self.keys.cipher(kid)
+        if len(payload.data) < _NONCE_BYTES + _TAG_BYTES:  # AESGCM raises a bare ValueError
+            raise EncryptionKeyError(
+                f"a payload said to be encrypted with key {kid[:40]!r} holds "
+                f"{len(payload.data)} bytes, fewer than any ciphertext: it was altered or "
+                "forged",
+                kid,
+            )
         nonce, sealed = payload.data[:_NONCE_BYTES], payload.data[_NONCE_BYTES:]
         try:
             plain = aes.decrypt(nonce, sealed, _associated(kid, cipher))

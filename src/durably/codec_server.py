@@ -55,7 +55,7 @@ from starlette.routing import Route
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.converter import PayloadCodec
 
-from durably._http import AsgiServer, is_loopback, names_loopback
+from durably._http import AsgiServer, from_loopback, is_loopback, tokenless
 from durably.codec import ENV_KEYS, ENV_KEYS_FILE, EncryptionKeyError
 from durably.errors import DurablyError
 
@@ -86,27 +86,23 @@ def codec_app(
     token: str | None = None,
     cors_origins: Collection[str] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
+    loopback_only: bool = False,
 ) -> Starlette:
     """The ASGI app serving `codec` by Temporal's codec server protocol.
 
     Args:
         codec: Encodes and decodes the payloads of every namespace.
-        token: The bearer token every request must carry; None serves anyone
-            who can connect (keep such an app on loopback: `CodecServer` does).
+        token: The bearer token every request must carry.
         cors_origins: The browser origins allowed to call it (the Web UI's).
         max_body_bytes: Larger request bodies get 413.
+        loopback_only: Without a token, required: serve requests from this
+            machine only (peer and `Host` both loopback; `CodecServer` on
+            127.0.0.1 does). Unsafe behind a proxy on the same machine.
+
+    .. versionchanged:: Unreleased
+       Without a token it needs `loopback_only=True`, and checks the peer too.
     """
-    if token is not None and not token.strip():
-        raise DurablyError("the codec server's bearer token is empty; give a long random one")
-    if max_body_bytes < 1:
-        raise DurablyError(f"max_body_bytes must be positive, got {max_body_bytes}")
-    for origin in cors_origins:
-        if not _is_origin(origin):
-            raise DurablyError(
-                f"CORS origin {origin!r} is not an origin: give the Web UI's scheme, host "
-                "and port, such as http://localhost:8233 (no path, no '*': credentials "
-                "are allowed, so every origin must be named)"
-            )
+    _check_options(token, cors_origins, max_body_bytes, loopback_only)
     expected = None if token is None else f"Bearer {token}".encode()
 
     def endpoint(
@@ -196,7 +192,13 @@ class CodecServer(AsgiServer):
                 "long random secret, or listen on 127.0.0.1"
             )
         super().__init__(
-            codec_app(codec, token=token, cors_origins=cors_origins, max_body_bytes=max_body_bytes),
+            codec_app(
+                codec,
+                token=token,
+                cors_origins=cors_origins,
+                max_body_bytes=max_body_bytes,
+                loopback_only=token is None,
+            ),
             host=host,
             port=port,
             what="the codec server",
@@ -208,13 +210,32 @@ class CodecServer(AsgiServer):
         return self.url
 
 
+def _check_options(
+    token: str | None, cors_origins: Collection[str], max_body_bytes: int, loopback_only: bool
+) -> None:
+    """Refuse options that would serve the codec to the wrong callers, before serving."""
+    if token is not None and not token.strip():
+        raise DurablyError("the codec server's bearer token is empty; give a long random one")
+    if token is None:
+        tokenless("codec_app", loopback_only)
+    if max_body_bytes < 1:
+        raise DurablyError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    for origin in cors_origins:
+        if not _is_origin(origin):
+            raise DurablyError(
+                f"CORS origin {origin!r} is not an origin: give the Web UI's scheme, host "
+                "and port, such as http://localhost:8233 (no path, no '*': credentials "
+                "are allowed, so every origin must be named)"
+            )
+
+
 def _refusal(request: Request, expected: bytes | None) -> Response | None:
     """The response refusing a request that may not use the codec (None: it may).
 
     `expected` is the whole `Authorization` value required, or None for no token.
     """
     if expected is None:
-        if names_loopback(request.headers.get("host", "")):
+        if from_loopback(request):
             return None
         return _error(
             403,

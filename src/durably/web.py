@@ -47,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from durably._http import AsgiServer, is_loopback, names_loopback
+from durably._http import AsgiServer, from_loopback, is_loopback, tokenless
 from durably.client import DurableClient
 from durably.contract import LiveItem, SessionLiveEvent
 from durably.errors import DurablyError, RunNotFoundError
@@ -197,13 +197,23 @@ def live_app(
     client: DurableClient,
     *,
     tokens: Mapping[str, str] | None = None,
+    loopback_only: bool = False,
 ) -> Starlette:
     """The ASGI app serving live events and responses (see the module docstring).
 
     Args:
         client: The durably client it reads runs and answers them with.
-        tokens: Bearer tokens by name; None or empty serves loopback requests only.
+        tokens: Bearer tokens by name.
+        loopback_only: Without tokens, required: serve requests from this machine
+            only (peer and `Host` both loopback), answering as "local". Unsafe
+            behind a proxy on the same machine, whose every request is loopback's.
+
+    .. versionchanged:: Unreleased
+       Without tokens it needs `loopback_only=True`; it checked only the `Host`
+       header, which a caller on the network sets as it likes.
     """
+    if not tokens:
+        tokenless("live_app", loopback_only)
     handlers = _Handlers(client, tokens or {})
     app = Starlette(
         routes=[
@@ -240,7 +250,7 @@ class _Handlers:
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         given = given or request.query_params.get("token", "")
         if not self.expected:
-            if names_loopback(request.headers.get("host", "")):
+            if from_loopback(request):
                 return "local"
             return _error(403, "this server has no tokens, so it serves requests to localhost only")
         for name, token in self.expected.items():
@@ -431,7 +441,10 @@ class LiveServer(AsgiServer):
                 "to name=token pairs, or listen on 127.0.0.1"
             )
         super().__init__(
-            live_app(client, tokens=tokens), host=host, port=port, what="the live events server"
+            live_app(client, tokens=tokens, loopback_only=not tokens),
+            host=host,
+            port=port,
+            what="the live events server",
         )
 
 
