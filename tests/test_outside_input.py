@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.common import RawValue, RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -1003,6 +1003,41 @@ class TestOperationIds:
         [op] = ran
         assert op.endswith("/tool:1:x%2F..%2Ftool:9:y")
         assert op.count("/") == 2  # {run id}/{chain}/{key}
+
+
+class TestUnknownFields:
+    """History keeps every byte of an accepted update, fields the run never reads too."""
+
+    async def test_an_update_with_large_unknown_fields_is_refused_before_history(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        await runtimes.start([_asker()])
+        run = await client.start_run("asker", "go")
+        waiting = await wait_for_interaction(run, "question:1:q0")
+        assert waiting.interaction is not None
+        raw = client.temporal.get_workflow_handle(run.run_id)
+        before = len((await raw.fetch_history()).events)
+        answer = {"type": "question", "answer": "order 7"}
+
+        for padded in (
+            {"interaction_id": "question:1:q0", "response": answer, "junk": "j" * 1_900_000},
+            {"interaction_id": "question:1:q0", "response": {**answer, "junk": "j" * 1_900_000}},
+        ):
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await raw.execute_update("respond", padded)
+            assert "fields a RespondRequest does not have" in str(refused.value.cause)
+        for typed in ({"tool_calls": "5"}, {"tool_calls": True}):
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await raw.execute_update("raise_limits", {"limits": typed})
+            assert "a number, not a string or a boolean" in str(refused.value.cause)
+
+        assert len((await raw.fetch_history()).events) == before
+        # A few unknown fields (a newer client's) are still taken.
+        accepted = await raw.execute_update(
+            "respond", {"interaction_id": "question:1:q0", "response": answer, "sent_by": "v2"}
+        )
+        assert accepted["interaction_id"] == "question:1:q0"
+        assert len((await run.result()).output or "") > 0
 
 
 class TestSignalsAndQueries:

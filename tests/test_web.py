@@ -410,3 +410,57 @@ class TestMountedApps:
             local = await _raw_post("127.0.0.1", server.port, path, approve, host="localhost")
             assert local == 200
         assert (await run.result()).output == "done"
+
+
+class TestRequestBodies:
+    """`durably serve` reads what any client sends it."""
+
+    async def test_a_huge_body_is_refused_before_it_is_read_whole(
+        self, client: DurableClient
+    ) -> None:
+        """A 300 MiB POST took the server from 85 MB to 691 MB before its 1 MiB check."""
+        async with LiveServer(client, port=0) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(
+                f"POST /runs/r/respond HTTP/1.1\r\nHost: localhost:{server.port}\r\n"
+                "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+            )
+            chunk = b"%x\r\n%s\r\n" % (2**16, b"x" * 2**16)
+            sent = 0
+
+            async def send() -> None:
+                nonlocal sent
+                while sent < 300 * 2**20:
+                    writer.write(chunk)
+                    await writer.drain()
+                    sent += 2**16
+
+            sending = asyncio.create_task(send())
+            status = int((await reader.readline()).split()[1])
+            sending.cancel()
+            writer.close()
+
+        assert status == 413
+        assert sent < 16 * 2**20  # it stopped reading at its limit
+
+    async def test_json_nested_past_the_decoder_gets_a_400_not_a_500(
+        self, client: DurableClient
+    ) -> None:
+        async with LiveServer(client, port=0) as server:
+            status, answer = await _post_raw_body(
+                server.port, "/runs/r/respond", b"[" * 100_000 + b"]" * 100_000
+            )
+        assert status == 400 and "nested too deeply" in answer["error"]
+
+
+async def _post_raw_body(port: int, path: str, data: bytes) -> tuple[int, Any]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+        + data
+    )
+    raw = await reader.read()
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload)

@@ -25,7 +25,15 @@ from starlette.types import ASGIApp
 
 from durably.errors import DurablyError
 
-__all__ = ["AsgiServer", "from_loopback", "is_loopback", "names_loopback", "tokenless"]
+__all__ = [
+    "AsgiServer",
+    "BodyTooLarge",
+    "from_loopback",
+    "is_loopback",
+    "names_loopback",
+    "read_body",
+    "tokenless",
+]
 
 
 def is_loopback(host: str) -> bool:
@@ -52,6 +60,27 @@ def from_loopback(request: Request) -> bool:
     never to be put behind one."""
     peer = request.client.host if request.client is not None else ""
     return is_loopback(peer) and names_loopback(request.headers.get("host", ""))
+
+
+class BodyTooLarge(Exception):
+    """A request body past its limit (read no further than the limit)."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, read as it streams in and never past `limit` bytes: reading
+    it whole first let a 300 MiB POST take a server from 85 MB to 691 MB before its
+    size was checked. Raises `BodyTooLarge`, or starlette's `ClientDisconnect`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def tokenless(what: str, loopback_only: bool) -> None:

@@ -55,7 +55,14 @@ from starlette.routing import Route
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.converter import PayloadCodec
 
-from durably._http import AsgiServer, from_loopback, is_loopback, tokenless
+from durably._http import (
+    AsgiServer,
+    BodyTooLarge,
+    from_loopback,
+    is_loopback,
+    read_body,
+    tokenless,
+)
 from durably.codec import ENV_KEYS, ENV_KEYS_FILE, EncryptionKeyError
 from durably.errors import DurablyError
 
@@ -254,20 +261,12 @@ def _refusal(request: Request, expected: bytes | None) -> Response | None:
 
 async def _read_body(request: Request, limit: int) -> bytes | Response:
     """The request's body, or the response refusing it (413 past `limit` bytes)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return _too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return _too_large(limit)
-            chunks.append(chunk)
+        return await read_body(request, limit)
+    except BodyTooLarge:
+        return _too_large(limit)
     except ClientDisconnect:
         return _error(400, "the client disconnected before sending the whole body")
-    return b"".join(chunks)
 
 
 def _is_origin(origin: str) -> bool:

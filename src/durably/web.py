@@ -43,11 +43,18 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from durably._http import AsgiServer, from_loopback, is_loopback, tokenless
+from durably._http import (
+    AsgiServer,
+    BodyTooLarge,
+    from_loopback,
+    is_loopback,
+    read_body,
+    tokenless,
+)
 from durably.client import DurableClient
 from durably.contract import LiveItem, SessionLiveEvent
 from durably.errors import DurablyError, RunNotFoundError
@@ -342,11 +349,16 @@ class _Handlers:
 
 
 async def _json_body(request: Request) -> dict[str, Any] | Response:
-    body = await request.body()
-    if len(body) > _MAX_BODY:
+    try:
+        body = await read_body(request, _MAX_BODY)
+    except BodyTooLarge:
         return _error(413, f"the body is over {_MAX_BODY} bytes")
+    except ClientDisconnect:
+        return _error(400, "the client disconnected before sending the whole body")
     try:
         data = json.loads(body)
+    except RecursionError:  # nested deeper than the JSON decoder goes: no answer reads so
+        return _error(400, "the body is JSON nested too deeply; send a flat object")
     except ValueError:
         return _error(400, "the body is not JSON")
     if not isinstance(data, dict):

@@ -159,6 +159,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.workflows._snapshot import build_snapshot
     from durably.workflows._validation import (
         Rejected,
+        admit_request,
         parse_request,
         pending_interactions,
         rejection,
@@ -868,7 +869,7 @@ class AgentRunWorkflow:
     @raise_limits.validator
     def _validate_raise_limits(self, *payload: Any) -> None:
         with refusals():
-            request = parse_request(RaiseLimitsRequest, payload, Handler.RAISE_LIMITS)
+            request = admit_request(RaiseLimitsRequest, payload, Handler.RAISE_LIMITS, strict=True)
             self._m.check_raise(request, workflow.now())
 
     # -- continuing as new -------------------------------------------------------------
@@ -1025,7 +1026,7 @@ class AgentRunWorkflow:
     @respond.validator
     def _validate_respond(self, *payload: Any) -> None:
         with refusals():
-            self._m.check_response(parse_request(RespondRequest, payload, Handler.RESPOND))
+            self._m.check_response(admit_request(RespondRequest, payload, Handler.RESPOND))
 
     @workflow.update(name=Handler.RESPOND_MANY)
     async def respond_many(self, *payload: Any) -> RespondManyAccepted:
@@ -1036,7 +1037,7 @@ class AgentRunWorkflow:
     @respond_many.validator
     def _validate_respond_many(self, *payload: Any) -> None:
         with refusals():
-            request = parse_request(RespondManyRequest, payload, Handler.RESPOND_MANY)
+            request = admit_request(RespondManyRequest, payload, Handler.RESPOND_MANY)
             self._m.check_many(request.responses)
 
     @workflow.signal(dynamic=True)
@@ -1198,14 +1199,14 @@ class AgentRunWorkflow:
     @resolve_tool.validator
     def _validate_resolve_tool(self, *payload: Any) -> None:
         with refusals():
-            request = parse_request(ResolveToolRequest, payload, Handler.RESOLVE_TOOL)
+            request = admit_request(ResolveToolRequest, payload, Handler.RESOLVE_TOOL)
             self._m.check_resolution(request)
 
     @workflow.update(name=Handler.RETRY)
     def retry(self, *payload: Any) -> RetryAccepted:
         with refusals():
             self._m.check_retry()
-            parse_request(RetryRequest, payload, Handler.RETRY)
+            admit_request(RetryRequest, payload, Handler.RETRY)
             previous = self._m.s.status
             return RetryAccepted(operation=self._m.retry(), previous_status=previous)
 

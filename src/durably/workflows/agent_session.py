@@ -72,7 +72,7 @@ with workflow.unsafe.imports_passed_through():
         waits_for_key,
     )
     from durably.workflows._session_machine import SessionMachine, read_session_input
-    from durably.workflows._validation import Rejected, parse_request
+    from durably.workflows._validation import Rejected, admit_request, parse_request
 
 __all__ = ["AgentSessionWorkflow"]
 
@@ -288,7 +288,7 @@ class AgentSessionWorkflow:
     @submit.validator
     def _validate_submit(self, *payload: Any) -> None:
         with refusals():
-            request = parse_request(SubmitRequest, payload, SessionHandler.SUBMIT)
+            request = admit_request(SubmitRequest, payload, SessionHandler.SUBMIT)
             self._m.check_submit(request)
             self._m.check_room(request, workflow.info().get_current_history_size())
 
@@ -301,7 +301,7 @@ class AgentSessionWorkflow:
     @close.validator
     def _validate_close(self, *payload: Any) -> None:
         with refusals():
-            parse_request(CloseRequest, payload, SessionHandler.CLOSE)
+            admit_request(CloseRequest, payload, SessionHandler.CLOSE)
 
     @workflow.signal(name=SessionHandler.RUN_STATUS)
     def run_status(self, *payload: Any) -> None:
