@@ -27,6 +27,7 @@ from durably.agents import Subagent
 from durably.contract import Handler
 from durably.messages import AssistantMessage, ModelResponse, ToolCall, Usage
 from durably.models import last_tool_results
+from durably.web import LiveServer
 
 from .conftest import (
     Runtimes,
@@ -444,3 +445,45 @@ def test_an_agent_that_names_itself_as_a_subagent_is_refused() -> None:
             id="loop", model=FunctionModel(lambda r: AssistantMessage(content="x"), name="l"),
             instructions="", subagents=["loop"],
         )  # fmt: skip
+
+
+class TestThroughDurablyServe:
+    @pytest.mark.parametrize("encoded", [False, True], ids=["slashes", "percent-encoded"])
+    async def test_a_subagent_run_is_followed_and_answered_through_durably_serve(
+        self, client: DurableClient, runtimes: Runtimes, encoded: bool
+    ) -> None:
+        """A subagent's run id holds `/` (`{parent}/{first run}/{call}`): `durably serve`
+        answered it 404, raw or `%2F`-encoded."""
+        shop = Shop()
+        await runtimes.start(shop.registrations("refunder"))
+        parent = await client.start_run("manager", "sort out order A")
+        refunder_id = await child_of(client, parent.run_id, "tool:1:d0")
+
+        async def child_waits() -> bool:
+            snap = await parent.snapshot()
+            return any(c.run_id == refunder_id and c.status == "waiting" for c in snap.children)
+
+        await eventually(child_waits)
+        [interaction] = await (await client.get_run(refunder_id)).pending()
+        ident = refunder_id.replace("/", "%2F") if encoded else refunder_id
+        body = json.dumps(
+            {
+                "interaction_id": interaction.id,
+                "response": {"type": "tool-approval", "approved": True},
+            }
+        ).encode()
+
+        async with LiveServer(client, port=0) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(
+                f"POST /runs/{ident}/respond HTTP/1.1\r\nHost: localhost:{server.port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + body
+            )
+            raw = await reader.read()
+            writer.close()
+
+        assert int(raw.split()[1]) == 200, raw[:300]
+        result = await asyncio.wait_for(parent.result(), 30)
+        assert result.output == "done: refunded A" and shop.refunded == ["A"]

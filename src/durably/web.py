@@ -224,10 +224,10 @@ def live_app(
     handlers = _Handlers(client, tokens or {})
     app = Starlette(
         routes=[
-            Route("/runs/{ident}/events", handlers.events),
-            Route("/sessions/{ident}/events", handlers.events),
-            Route("/runs/{ident}/respond", handlers.respond, methods=["POST"]),
-            Route("/runs/{ident}/watch", handlers.watch),
+            Route("/runs/{ident:path}/events", handlers.events),
+            Route("/sessions/{ident:path}/events", handlers.events),
+            Route("/runs/{ident:path}/respond", handlers.respond, methods=["POST"]),
+            Route("/runs/{ident:path}/watch", handlers.watch),
             Route("/agents/{ident}/agui", handlers.agui, methods=["POST"]),
         ]
     )
