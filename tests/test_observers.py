@@ -4,7 +4,10 @@ once across a restart; one that raises never touches the run."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -189,3 +192,59 @@ async def test_durably_observe_feeds_a_module_function_until_ctrl_c(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_an_observer_that_blocks_or_never_returns_never_affects_the_run(
+    client: DurableClient, runtimes: Runtimes, tmp_path: Path
+) -> None:
+    """In a worker's process, an observer that slept in `tool_started` starved a manual
+    tool's heartbeat and parked a run whose tool had done its work, and an async one
+    that never returned stalled its run's feed for good, without a word."""
+    blocking_started = threading.Event()
+
+    @tool
+    async def ship(args: Order, ctx: ToolContext) -> str:
+        """Ship an order: done once an observer has started blocking."""
+        await asyncio.to_thread(blocking_started.wait)
+        return f"order {args.order} shipped"
+
+    def model(request: ModelRequest) -> AssistantMessage:
+        if last_tool_results(request):
+            return AssistantMessage(content="shipped")
+        return AssistantMessage(
+            tool_calls=(ToolCall(id="s", name="ship", arguments={"order": "A"}),)
+        )
+
+    agent = Agent(
+        id="shipper",
+        model=FunctionModel(model, name="observers.shipper"),
+        instructions="",
+        tools=[ship],
+    )
+
+    def sleeper(item: LiveItem) -> None:
+        if item.event.type == "tool_started":
+            blocking_started.set()
+            time.sleep(8)  # four heartbeat timeouts of the tool
+
+    async def stuck(item: LiveItem) -> None:
+        if item.event.type == "tool_started":
+            await asyncio.Event().wait()
+
+    seen: list[str] = []
+    await runtimes.start(
+        [AgentRegistration(agent, version="1", heartbeat_timeout=timedelta(seconds=2))],
+        observers=[sleeper, stuck, lambda item: seen.append(item.event.type)],
+        observer_checkpoints=SqliteCheckpoints(tmp_path / "observers.sqlite"),
+        observer_timeout=1.0,
+    )
+    run = await client.start_run("shipper", "ship A")
+
+    assert (await run.result()).output == "shipped"
+    types = [e.type for e in (await run.snapshot()).events]
+    assert "needs_attention" not in types
+
+    async def fed_to_the_end() -> bool:
+        return "run_completed" in seen
+
+    await eventually(fed_to_the_end)

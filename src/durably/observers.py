@@ -12,16 +12,26 @@ repeating at most the event it was handling.
 An observer that raises is logged with the run and the event and is not
 called again for that event (the seed: "observer failures are not
 retried"); it never touches the run, whose outcome and history are the same
-with or without observers. Run one with `durably observe module:fn`, or in
+with or without observers.
+
+Observers run off the host's event loop: a sync one in a small thread pool
+of its own, an async one on an event loop of its own, each call bounded by
+`timeout` (logged when it runs over, and the feed goes on). In a worker's
+process that loop is the worker's: an observer that slept in `tool_started`
+starved a manual tool's heartbeat and parked a run whose tool had done its
+work, and an async one that never returned stalled its run's feed for good,
+without a word. Run one with `durably observe module:fn`, or in
 a worker's process with `DurableRuntime.open(observers=[fn])`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import sqlite3
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,6 +45,7 @@ from durably.contract import WORKFLOW_TYPE, LiveItem, LiveText
 from durably.errors import DurablyError, RegistrationError, RunNotFoundError
 
 __all__ = [
+    "OBSERVER_TIMEOUT",
     "Checkpoints",
     "Observer",
     "ObserverHost",
@@ -46,6 +57,10 @@ Observer = Callable[[LiveItem], Awaitable[None] | None]
 _log = structlog.get_logger("durably.observers")
 # Runs that closed this long before a sweep are still looked at (visibility trails).
 _CLOSED_WINDOW = timedelta(minutes=10)
+# How long one observer may take with one event before the feed goes on without it.
+OBSERVER_TIMEOUT = 30.0
+# Sync observers' threads: one stuck observer holds one, never the host's loop.
+_SYNC_THREADS = 4
 
 
 class Checkpoints(Protocol):
@@ -124,14 +139,18 @@ class ObserverHost:
         *,
         checkpoints: Checkpoints | None = None,
         poll_interval: float = 1.0,
+        timeout: float = OBSERVER_TIMEOUT,
     ) -> None:
         if not observers:
             raise DurablyError("an observer host needs at least one observer")
+        if not timeout > 0:
+            raise DurablyError(f"an observer's timeout must be positive seconds, got {timeout!r}")
         self.client = client
         self.observers = list(observers)
         self.checkpoints: Checkpoints = checkpoints or SqliteCheckpoints()
         self.poll_interval = poll_interval
         self._following: dict[str, asyncio.Task[None]] = {}
+        self._calls = _OffLoop(timeout)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Observe until `stop` is set."""
@@ -148,6 +167,7 @@ class ObserverHost:
                 task.cancel()
             await asyncio.gather(*self._following.values(), return_exceptions=True)
             self._following.clear()
+            self._calls.close()
 
     async def _sweep(self) -> None:
         """Start following each run not followed yet whose last event is not seen."""
@@ -181,7 +201,7 @@ class ObserverHost:
             if isinstance(item.event, LiveText):
                 continue  # previews are not committed events
             for observer in self.observers:
-                await _call(observer, item)
+                await self._calls.call(observer, item)
             ended = item.event.type in ("run_completed", "run_cancelled")
             self.checkpoints.save(run_id, item.offset, finished=ended)
         if not ended:  # closed otherwise (failed for good, terminated): nothing more comes
@@ -189,22 +209,74 @@ class ObserverHost:
             self.checkpoints.save(run_id, -1 if last is None else last, finished=True)
 
 
-async def _call(observer: Observer, item: LiveItem) -> None:
-    """Call one observer with one event; what it raises is logged, never retried."""
-    try:
-        result = observer(item)
-        if inspect.isawaitable(result):
-            await result
-    except Exception as err:
-        event: Any = item.event
-        _log.warning(
-            "an observer failed; it is not called again for this event",
-            observer=getattr(observer, "__qualname__", repr(observer)),
-            run_id=getattr(event, "run_id", None),
-            offset=item.offset,
-            event_type=event.type,
-            error=f"{type(err).__name__}: {err}",
+class _OffLoop:
+    """Where observers run: sync ones in a pool of threads, async ones on an event loop in
+    a thread of its own; never on the host's loop (a worker's, in a worker's process)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            _SYNC_THREADS, thread_name_prefix="durably-observer"
         )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="durably-observers", daemon=True
+        )
+        self._thread.start()
+
+    async def call(self, observer: Observer, item: LiveItem) -> None:
+        """Call one observer with one event; what it raises is logged, never retried, and
+        a call past `timeout` is logged and left behind."""
+        running: list[concurrent.futures.Future[Any]] = []
+
+        def invoke() -> None:
+            result = observer(item)
+            if inspect.isawaitable(result):
+                done = asyncio.run_coroutine_threadsafe(_awaited(result), self._loop)
+                running.append(done)
+                done.result()
+
+        try:
+            await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(self._pool, invoke), self.timeout
+            )
+        except TimeoutError:
+            for done in running:
+                done.cancel()  # an async observer is cancelled; a sync one keeps its thread
+            _log.warning(
+                "an observer took too long with an event; the feed goes on without it",
+                observer=_name(observer),
+                timeout_s=self.timeout,
+                **_where(item),
+            )
+        except Exception as err:  # a cancelled async observer too
+            _log.warning(
+                "an observer failed; it is not called again for this event",
+                observer=_name(observer),
+                error=f"{type(err).__name__}: {err}",
+                **_where(item),
+            )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+async def _awaited(result: Awaitable[Any]) -> None:
+    await result
+
+
+def _name(observer: Observer) -> str:
+    return getattr(observer, "__qualname__", repr(observer))
+
+
+def _where(item: LiveItem) -> dict[str, Any]:
+    event: Any = item.event
+    return {
+        "run_id": getattr(event, "run_id", None),
+        "offset": item.offset,
+        "event_type": event.type,
+    }
 
 
 def load_observers(spec: str) -> list[Observer]:

@@ -42,7 +42,7 @@ from durably.errors import (
 from durably.mcp import MCPToolset
 from durably.mcp._locking import toolsets_of
 from durably.mcp._servers import POOL
-from durably.observers import Checkpoints, Observer, ObserverHost
+from durably.observers import OBSERVER_TIMEOUT, Checkpoints, Observer, ObserverHost
 from durably.plugin import DurablyPlugin
 from durably.registry import AgentRegistry
 from durably.telemetry import metrics_runtime, otlp_tracer_provider, traced_client
@@ -99,6 +99,7 @@ class DurableRuntime:
         encryption: EncryptionCodec | None = None,
         observers: Sequence[Observer] = (),
         observer_checkpoints: Checkpoints | None = None,
+        observer_timeout: float = OBSERVER_TIMEOUT,
         tracing: bool | TracerProvider = False,
         metrics_bind: str | None = None,
         max_cached_workflows: int | None = None,
@@ -119,7 +120,8 @@ class DurableRuntime:
         start instead. `encryption` (`durably.codec`) encrypts payloads; a
         given client keeps its own converter otherwise. `observers` are fed
         every run's committed events from `resume()` on, checkpointed in
-        `observer_checkpoints` (see `durably.observers`). `tracing=True` (the
+        `observer_checkpoints`, each call bounded by `observer_timeout` seconds
+        (see `durably.observers`). `tracing=True` (the
         global tracer provider) or a `TracerProvider` traces runs with
         OpenTelemetry, on the worker and on `runtime.client` (a given client is
         left as it is; the runtime's is a copy that traces). `metrics_bind`
@@ -209,7 +211,9 @@ class DurableRuntime:
         runtime = cls(durable, plugin, worker)
         runtime.strict_versions = strict_versions
         if observers:
-            runtime.observers = ObserverHost(durable, observers, checkpoints=observer_checkpoints)
+            runtime.observers = ObserverHost(
+                durable, observers, checkpoints=observer_checkpoints, timeout=observer_timeout
+            )
         return runtime
 
     def register_agents(self, registrations: Iterable[AgentRegistration]) -> None:
