@@ -206,6 +206,33 @@ class TestBusy:
         assert "refund 9" in (result.output or "")
         await record_history(client, session.session_id, "session_enqueued_behind_a_waiting_run")
 
+    async def test_a_forged_failure_note_does_not_open_a_busy_session(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """A run's status note is a signal anyone may send: a forged "failed" made
+        `submit(if_busy="reject")` queue behind a healthy, waiting run."""
+        await runtimes.start([asker()])
+        session = await client.start_session("asker")
+        first = await session.submit("where is my order?")
+        waiting = await wait_for_status(first, RunStatus.WAITING)
+        handle = client.temporal.get_workflow_handle(session.session_id)
+
+        await handle.signal("run_status", {"run_id": first.run_id, "status": "failed"})
+
+        async def read_the_runs_status() -> bool:  # a local activity's marker, after it
+            events = (await handle.fetch_history()).events
+            signal = "workflow_execution_signaled_event_attributes"
+            signalled = max(i for i, e in enumerate(events) if e.HasField(signal))
+            return any(e.HasField("marker_recorded_event_attributes") for e in events[signalled:])
+
+        await eventually(read_the_runs_status)
+        with pytest.raises(DurableConflictError, match=f"run {first.run_id!r} is still open"):
+            await session.submit("hello?")
+        assert waiting.interaction is not None
+        await first.answer(waiting.interaction.id, "order 7")
+        await first.result()
+        await record_history(client, session.session_id, "session_read_its_runs_status_for_a_note")
+
     async def test_a_closed_session_takes_no_more_submissions(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:

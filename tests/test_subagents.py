@@ -407,11 +407,13 @@ class TestTakenChildIds:
 
 
 class TestForgedNotes:
-    async def test_a_forged_failure_note_cannot_keep_a_parent_from_its_childs_answer(
+    """A child's status note is a signal, which anyone may send: the parent reads the
+    child's status from the server instead of taking the note's word."""
+
+    async def test_a_forged_failure_note_changes_nothing(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        """Anyone can signal a parent; a forged "failed" note parks its call, but when the
-        child answers after all, the parent reads the answer and goes on by itself."""
+        """A forged "failed" note parked the parent's call on a child that was waiting."""
         shop = Shop()
         await runtimes.start(shop.registrations("refunder"))
         parent = await client.start_run("manager", "refund A")
@@ -425,16 +427,80 @@ class TestForgedNotes:
         handle = client.temporal.get_workflow_handle(parent.run_id)
         await handle.signal(Handler.CHILD_STATUS, forged)  # detail too long: refused
         await handle.signal(Handler.CHILD_STATUS, {**forged, "detail": "forged"})
-        await wait_for_status(parent, RunStatus.NEEDS_ATTENTION)
 
+        async def read_the_childs_status() -> bool:  # a local activity's marker, after it
+            events = (await handle.fetch_history()).events
+            signal = "workflow_execution_signaled_event_attributes"
+            signalled = max(i for i, e in enumerate(events) if e.HasField(signal))
+            return any(e.HasField("marker_recorded_event_attributes") for e in events[signalled:])
+
+        await eventually(read_the_childs_status)
+        snap = await parent.snapshot()
+        assert snap.status == RunStatus.RUNNING and snap.attention is None
+        assert [c.status for c in snap.children] == ["waiting"]
         child = await client.get_run(child_id)
         [interaction] = await child.pending()
         await child.approve(interaction, responder="alice")
         result = await asyncio.wait_for(parent.result(), 30)
 
         assert result.output == "done: refunded A"
-        rejected = [e for e in (await parent.snapshot()).events if e.type == "signal_rejected"]
+        snap = await parent.snapshot()
+        assert snap.attention is None and snap.status == RunStatus.COMPLETED
+        assert not any("forged" in (e.detail or "") for e in snap.events)
+        rejected = [e for e in snap.events if e.type == "signal_rejected"]
         assert len(rejected) == 1 and "1000" in (rejected[0].detail or "")
+        assert failed_tasks(await chain_histories(client, parent.run_id)) == []
+        await record_history(client, parent.run_id, "parent_read_its_childs_status_for_a_note")
+
+    async def test_a_forged_note_from_the_future_cannot_hide_the_childs_real_notes(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """A forged note with `seq = 10**18` made the parent ignore every real note of
+        its child after it: here, that the child now needs attention."""
+
+        @tool(requires_approval=True)
+        async def wire(args: Order, ctx: ToolContext) -> str:
+            """Wire money: the bank is down."""
+            raise RuntimeError("the bank is down")
+
+        def wirer(request: ModelRequest) -> ModelResponse:
+            return calling(ToolCall(id="w", name="wire", arguments={"order": "A"}), tokens=1)
+
+        def boss(request: ModelRequest) -> ModelResponse:
+            call = ToolCall(id="d0", name="wirer", arguments={"task": "wire for order A"})
+            return calling(call, tokens=1)
+
+        def agent(agent_id: str, fn: Any, **extra: Any) -> Agent:
+            model = FunctionModel(fn, name=f"forged.{agent_id}")
+            return Agent(id=agent_id, model=model, instructions="", **extra)
+
+        await runtimes.start(
+            [
+                AgentRegistration(agent("wirer", wirer, tools=[wire]), version="1"),
+                AgentRegistration(agent("boss", boss, subagents=[Subagent("wirer")]), version="1"),
+            ]
+        )
+        parent = await client.start_run("boss", "wire for order A")
+        child_id = await child_of(client, parent.run_id, "tool:1:d0")
+
+        def child_is(status: str) -> Any:
+            async def check() -> bool:
+                return any(c.status == status for c in (await parent.snapshot()).children)
+
+            return check
+
+        await eventually(child_is("waiting"))
+        forged = {"run_id": child_id, "status": "waiting", "detail": "forged", "seq": 10**18}
+        await client.temporal.get_workflow_handle(parent.run_id).signal(
+            Handler.CHILD_STATUS, forged
+        )
+        child = await client.get_run(child_id)
+        [interaction] = await child.pending()
+        await child.approve(interaction, responder="alice")
+
+        await eventually(child_is("needs_attention"))
+        assert failed_tasks(await chain_histories(client, parent.run_id)) == []
+        await parent.cancel()
 
 
 def test_an_agent_that_names_itself_as_a_subagent_is_refused() -> None:

@@ -38,6 +38,7 @@ from durably.messages import (
 )
 
 __all__ = [
+    "ACTIVITY_CONFIRM_STATUS",
     "ACTIVITY_MODEL",
     "ACTIVITY_PIN",
     "ACTIVITY_RESTORE",
@@ -136,6 +137,7 @@ __all__ = [
     "SessionRun",
     "SessionSnapshot",
     "SessionSummary",
+    "StatusCheck",
     "SubmitAccepted",
     "SubmitRequest",
     "TextPreview",
@@ -165,6 +167,7 @@ ACTIVITY_VERIFY_APPROVAL = "durably.verify_approval"
 ACTIVITY_RUN_TRANSCRIPT = "durably.run_transcript"
 ACTIVITY_VERIFY_REPAIR = "durably.verify_repair"
 ACTIVITY_VERIFY_ORIGIN = "durably.verify_origin"
+ACTIVITY_CONFIRM_STATUS = "durably.confirm_status"
 
 
 class SessionHandler(StrEnum):
@@ -789,6 +792,13 @@ class RepairRequest(_Model):
 
     responder: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+
+
+class StatusCheck(_Model):
+    """A run whose status a note claimed, for the worker to read from the server
+    (`confirm_status`): a note is a signal, which anyone may send."""
+
+    workflow_id: str
 
 
 class OriginCheck(_Model):

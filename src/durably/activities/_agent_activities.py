@@ -37,10 +37,11 @@ from durably._transcript import (
     transcript_page,
 )
 from durably.activities._heartbeat import TextPreviews, heartbeating
-from durably.activities._origin import Callers, origin_problem
+from durably.activities._origin import Callers, described_status, origin_problem
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
 from durably.contract import (
+    ACTIVITY_CONFIRM_STATUS,
     ACTIVITY_MODEL,
     ACTIVITY_PIN,
     ACTIVITY_RESTORE,
@@ -63,6 +64,7 @@ from durably.contract import (
     RepairCheck,
     RepairPlan,
     RunTranscriptRequest,
+    StatusCheck,
     ToolCallInput,
     TranscriptPage,
     TranscriptRestoreRequest,
@@ -168,6 +170,7 @@ class AgentActivities:
             self.verify_approval,
             self.verify_repair,
             self.verify_origin,
+            self.confirm_status,
         ]
 
     # -- registration -------------------------------------------------------
@@ -464,6 +467,12 @@ class AgentActivities:
         """Why the run must not honour what the workflow it came from passed it, or ""
         (see `durably.activities._origin`): a local activity of the run's first task."""
         return await origin_problem(activity.client(), check)
+
+    @activity.defn(name=ACTIVITY_CONFIRM_STATUS)
+    async def confirm_status(self, check: StatusCheck) -> str:
+        """The status a run publishes, read from the server: what a parent or a session
+        applies when a note (a signal anyone may send) says a run's status changed."""
+        return await described_status(activity.client(), check)
 
     # -- approvals ----------------------------------------------------------
 

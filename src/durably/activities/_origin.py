@@ -39,9 +39,16 @@ from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from durably.contract import SESSION_WORKFLOW_TYPE, WORKFLOW_TYPE, ErrorType, OriginCheck
+from durably.contract import (
+    SA_STATUS,
+    SESSION_WORKFLOW_TYPE,
+    WORKFLOW_TYPE,
+    ErrorType,
+    OriginCheck,
+    StatusCheck,
+)
 
-__all__ = ["Callers", "origin_problem"]
+__all__ = ["Callers", "described_status", "origin_problem"]
 
 # Runs a worker remembers it confirmed (a run id each); past it, the oldest is asked again.
 _CONFIRMED_RUNS = 10_000
@@ -87,7 +94,7 @@ class Callers:
 
 
 async def _describe_patiently(
-    client: Client, workflow_id: str, run_id: str
+    client: Client, workflow_id: str, run_id: str | None
 ) -> WorkflowExecutionDescription | None:
     """The workflow as the server describes it, None if it has none; asked again until the
     server answers (the activity's heartbeat timeout or cancellation ends the wait)."""
@@ -99,7 +106,8 @@ async def _describe_patiently(
             if err.status == RPCStatusCode.NOT_FOUND:
                 return None
             await asyncio.sleep(_DESCRIBE_BACKOFF[min(attempt, len(_DESCRIBE_BACKOFF) - 1)])
-            activity.heartbeat()
+            if not activity.info().is_local:  # a local activity's wait is its task's
+                activity.heartbeat()
             attempt += 1
 
 
@@ -181,3 +189,13 @@ async def _not_durably(
 def _continued_as_new(found: WorkflowExecutionDescription) -> bool:
     status = found.raw_info.status
     return bool(status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW)
+
+
+async def described_status(client: Client, check: StatusCheck) -> str:
+    """The status a run publishes (`DurablyStatus`), as the server holds it now; "" for a
+    run the server does not have or that publishes none. A run upserts it in the
+    workflow task that sends its note, so a note it sent is never ahead of it."""
+    found = await _describe_patiently(client, check.workflow_id, None)
+    if found is None:
+        return ""
+    return found.typed_search_attributes.get(SA_STATUS) or ""

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from durably.contract import (
+        ACTIVITY_CONFIRM_STATUS,
         ACTIVITY_MODEL,
         ACTIVITY_PIN,
         ACTIVITY_RESTORE,
@@ -40,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         RepairPlan,
         RetrySpec,
         RunTranscriptRequest,
+        StatusCheck,
         ToolCallInput,
         TranscriptArchive,
         TranscriptPage,
@@ -50,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.workflows._machine import PIN
 
 __all__ = [
+    "confirm_status",
     "describe",
     "failed_attempt_usage",
     "failure_details",
@@ -197,6 +200,20 @@ async def verify_approval(request: VerifyApprovalRequest) -> str:
         summary=f"verify approval {request.interaction_id}",
     )
     return problem
+
+
+async def confirm_status(run_id: str) -> str:
+    """The status run `run_id` publishes now, read by the worker from the server ("" if it
+    has none): a status note is a signal, which anyone may send."""
+    status: str = await workflow.execute_local_activity(
+        ACTIVITY_CONFIRM_STATUS,
+        StatusCheck(workflow_id=run_id),
+        result_type=str,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
+        summary=f"read the status of {run_id[:200]}",
+    )
+    return status
 
 
 async def verify_origin(check: OriginCheck) -> str:

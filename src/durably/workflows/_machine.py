@@ -903,6 +903,19 @@ class RunMachine:
                 return operation
         return None
 
+    def child_confirmed(self, note: ChildStatusNote, status: str) -> None:
+        """A child's status as the server holds it (`status`, "" if none), after `note`
+        said it changed: the note's detail is shown only if the status agrees with it."""
+        if status not in RunStatus._value2member_map_:
+            return
+        child = next((c for c in self.s.children.values() if c.run_id == note.run_id), None)
+        if child is None:
+            return
+        detail = note.detail if note.status.value == status else None
+        self.child_noted(
+            note.model_copy(update={"status": RunStatus(status), "detail": detail, "seq": 0})
+        )
+
     def child_ended(self, key: OperationKey) -> None:
         """The child of a parked call closed: the call reads its end (a child that said
         it failed, then completed after all, is not waited on for another note)."""

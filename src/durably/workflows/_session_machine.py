@@ -310,6 +310,10 @@ class SessionMachine:
             run.reported = status
         return run
 
+    def is_open(self, run_id: str) -> bool:
+        """Whether `run_id` is a run of this session that is open."""
+        return any(r.run_id == run_id and r.status == "open" for r in self.runs)
+
     def _first_unclosed(self) -> SessionRun | None:
         return next((r for r in self.runs if r.status not in _CLOSED), None)
 

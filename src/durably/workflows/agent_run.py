@@ -120,6 +120,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, Usage
     from durably.tools import render_result
     from durably.workflows._activities import (
+        confirm_status,
         describe,
         failed_attempt_usage,
         failure_details,
@@ -170,6 +171,7 @@ __all__ = [
     "PATCHES",
     "PATCH_HARDENED",
     "PATCH_LIMITS",
+    "PATCH_NOTES_CONFIRMED",
     "PATCH_ORIGIN",
     "PATCH_PARALLEL_TOOLS",
     "PATCH_REPAIR",
@@ -224,6 +226,10 @@ PATCH_REPAIR = "durably-repair"
 # (carried approvals and pin, a conversation, a parent); otherwise it fails at once.
 # Checked only in such runs, so runs a client started record no marker for it.
 PATCH_ORIGIN = "durably-origin-confirmed"
+# What changed next: a subagent's status note is a prompt to read the child's status from
+# the server (`confirm_status`, a local activity), not a claim the parent applies: a note
+# is a signal anyone may send. Checked when a note about a child of the run arrives.
+PATCH_NOTES_CONFIRMED = "durably-notes-confirmed"
 # Every patch since 0.1.0, oldest first.
 PATCHES: tuple[str, ...] = (
     PATCH_HARDENED,
@@ -234,6 +240,7 @@ PATCHES: tuple[str, ...] = (
     PATCH_SIGNALS_COMMUTE,
     PATCH_REPAIR,
     PATCH_ORIGIN,
+    PATCH_NOTES_CONFIRMED,
 )
 
 T = TypeVar("T")
@@ -305,6 +312,10 @@ class AgentRunWorkflow:
         self._advanced = False
         # `repair` signals whose worker check is out: no operation starts meanwhile.
         self._repairing = 0
+        # Children whose status the worker is reading (`_confirm_note`): whether another
+        # note came meanwhile; and the latest note of each.
+        self._confirming: dict[str, bool] = {}
+        self._noted: dict[str, ChildStatusNote] = {}
 
     @workflow.run
     @one_raw_argument
@@ -591,16 +602,45 @@ class AgentRunWorkflow:
         note = self._read_signal(ChildStatusNote, payload, Handler.CHILD_STATUS)
         if note is None:
             return
+        # Decided before any wait: a patch marker after a local activity's, in the same
+        # workflow task, does not replay.
+        children = {c.run_id for c in self._m.s.children.values()} | set(self._starting.values())
+        confirmed = note.run_id in children and workflow.patched(PATCH_NOTES_CONFIRMED)
         if self._commute and note.run_id in self._starting.values():
             await workflow.wait_condition(lambda: note.run_id not in self._starting.values())
-        if self._m.child_noted(note) is None:
+        if not any(c.run_id == note.run_id for c in self._m.s.children.values()):
             self._m.event(
                 EventType.SIGNAL_REJECTED,
                 detail=f"{Handler.CHILD_STATUS.value} from {short(note.run_id, 100)}, which is "
                 "not a subagent run of this run",
             )
             return
+        if confirmed:
+            await self._confirm_note(note)
+        else:
+            self._m.child_noted(note)
         self._publish()
+
+    async def _confirm_note(self, note: ChildStatusNote) -> None:
+        """Apply the status the child publishes, read from the server, not the one `note`
+        claims: a note is a signal, which anyone may send (one saying `seq = 10**18` made
+        the parent ignore every real note after it). Notes that come while one is being
+        confirmed are folded into one more read."""
+        run_id = note.run_id
+        self._noted[run_id] = note
+        if run_id in self._confirming:
+            self._confirming[run_id] = True  # read again once the read in flight is back
+            return
+        self._confirming[run_id] = False
+        try:
+            while True:
+                status = await confirm_status(run_id)
+                self._m.child_confirmed(self._noted[run_id], status)
+                if not self._confirming[run_id]:
+                    return
+                self._confirming[run_id] = False
+        finally:
+            del self._confirming[run_id]
 
     def _report_to_parent(self) -> None:
         """A subagent's run tells its parent each status change (not completion: the

@@ -61,7 +61,12 @@ with workflow.unsafe.imports_passed_through():
         TranscriptPage,
     )
     from durably.messages import Message
-    from durably.workflows._activities import restore_page, run_transcript, verify_origin
+    from durably.workflows._activities import (
+        confirm_status,
+        restore_page,
+        run_transcript,
+        verify_origin,
+    )
     from durably.workflows._handler_input import refusals
     from durably.workflows._live import LiveEvents
     from durably.workflows._run_input import (
@@ -86,6 +91,9 @@ PATCH_SESSION_SIZE = "durably-session-continues-on-size"
 # workflow could continue as new into `AgentSessionWorkflow` with a forged conversation).
 # Checked only in continued sessions.
 PATCH_SESSION_ORIGIN = "durably-session-origin-confirmed"
+# Next: a run's status note is a prompt to read the run's status from the server, not a
+# claim (anyone may signal). Checked when a note about the open run arrives.
+PATCH_SESSION_NOTES = "durably-session-notes-confirmed"
 
 
 @workflow.defn(name=SESSION_WORKFLOW_TYPE, sandboxed=False)
@@ -115,6 +123,9 @@ class AgentSessionWorkflow:
         # The history's size once the conversation was restored: not counted toward
         # continuing as new (else a long conversation would continue after every run).
         self._base_bytes = 0
+        # Runs whose status the worker is reading (`run_status`): whether another note
+        # came meanwhile.
+        self._confirming: dict[str, bool] = {}
         # Followers read these by query; nothing here is recorded (see `_live`).
         self._live = LiveEvents(start.carried.stream_offset if start.carried else 0)
 
@@ -304,15 +315,35 @@ class AgentSessionWorkflow:
             admit_request(CloseRequest, payload, SessionHandler.CLOSE)
 
     @workflow.signal(name=SessionHandler.RUN_STATUS)
-    def run_status(self, *payload: Any) -> None:
+    async def run_status(self, *payload: Any) -> None:
         """A run of this session says it failed (or runs again): a failed run does not
         keep later submissions waiting. A note about a run that is not this session's
-        open run changes nothing."""
+        open run changes nothing; one about it is a prompt to read the run's status from
+        the server (`PATCH_SESSION_NOTES`), since anyone may send a signal: a forged
+        "failed" made `submit(if_busy="reject")` queue behind a healthy run."""
         try:
             note = parse_request(RunStatusNote, payload, SessionHandler.RUN_STATUS)
         except Rejected:
             return
-        self._m.reported(note.run_id, note.status)
+        if not self._m.is_open(note.run_id):
+            return
+        if not workflow.patched(PATCH_SESSION_NOTES):
+            self._m.reported(note.run_id, note.status)
+            return
+        if note.run_id in self._confirming:
+            self._confirming[note.run_id] = True  # read again once the read in flight is back
+            return
+        self._confirming[note.run_id] = False
+        try:
+            while True:
+                status = await confirm_status(note.run_id)
+                if status in RunStatus._value2member_map_:
+                    self._m.reported(note.run_id, RunStatus(status))
+                if not self._confirming[note.run_id]:
+                    return
+                self._confirming[note.run_id] = False
+        finally:
+            del self._confirming[note.run_id]
 
     @workflow.query(name=SessionHandler.SNAPSHOT)
     def snapshot(self) -> SessionSnapshot:
