@@ -408,3 +408,14 @@ _SERVER_HANDOVERS = {
     WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,
     WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND,
 }
+
+
+def confirmed_status(event: Any) -> bool:
+    """Whether `event` is the marker of a `durably.confirm_status` local activity (a run's
+    status read from the server, after a status note)."""
+    if not event.HasField("marker_recorded_event_attributes"):
+        return False
+    details = event.marker_recorded_event_attributes.details.get("data")
+    return details is not None and any(
+        b'"activity_type":"durably.confirm_status"' in p.data for p in details.payloads
+    )

@@ -30,6 +30,7 @@ from durably import (
     ToolRetry,
     tool,
 )
+from durably._replay import replay
 from durably.codec import (
     ENCODING,
     ENV_KEYS,
@@ -244,6 +245,10 @@ class TestForgedCiphertext:
             with pytest.raises(RunCancelledError):
                 await run.result()
         assert await task_failures(client, run.run_id) == []
+        # A worker that rebuilds the run refuses it again, whatever the key id: no replay
+        # waits for a key that will never come.
+        history = await client.temporal.get_workflow_handle(run.run_id).fetch_history()
+        assert await replay(history, client.temporal.data_converter) is None
 
     @pytest.mark.parametrize("kind", sorted(FORGERIES))
     async def test_a_forged_update_is_refused_before_history(
@@ -291,6 +296,22 @@ class TestForgedCiphertext:
 
             await eventually(listed)
         assert await task_failures(client, run_id) == []
+
+
+async def test_a_client_without_the_key_is_told_what_to_connect_with(
+    env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """It got a raw `KeyError: Unknown payload encoding binary/encrypted`."""
+    client = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
+    async with await DurableRuntime.open(client=client, agents=[asker()]) as runtime:
+        await runtime.resume()
+        run = await client.start_run("asker", "where?")
+        await wait_for_status(run, RunStatus.WAITING)
+        keyless = DurableClient(env.client, task_queue=task_queue)
+
+        with pytest.raises(DurablyError, match=r"encrypted payloads.*encryption=Encryption"):
+            await (await keyless.get_run(run.run_id)).snapshot()
+        await run.cancel()
 
 
 async def key_ids(client: DurableClient, run_id: str) -> list[str]:

@@ -83,22 +83,31 @@ async def test_forged_ciphertexts_are_refused_and_never_fail_a_task(
         assert "order 7" in ((await run.result()).output or "")
 
 
-def padded(request: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
-    """`request` with unknown fields past what an update may carry beyond its own, at the
-    top or inside its response."""
-    junk = st.integers(4 * 2**10 + 200, 1_500_000).map(lambda n: "j" * n)
-    return st.builds(
-        lambda name, text, inside: (
-            {**request, "response": {**request["response"], name: text}}
-            if inside
-            else {**request, name: text}
-        ),
-        st.text(st.characters(categories=["Ll"]), min_size=1, max_size=12).filter(
-            lambda n: n not in ("type", "answer", "approved", "reason", "args_digest")
-        ),
-        junk,
-        st.booleans(),
+def paddings() -> st.SearchStrategy[tuple[str, str, bool]]:
+    """An unknown field's name, text past what an update may carry beyond its own, and
+    whether it goes inside the request's nested object (a response, the limits)."""
+    names = st.text(st.characters(categories=["Ll"]), min_size=1, max_size=12).filter(
+        lambda n: n not in ("type", "answer", "approved", "reason", "args_digest", "tool_calls")
     )
+    junk = st.integers(4 * 2**10 + 200, 1_500_000).map(lambda n: "j" * n)
+    return st.tuples(names, junk, st.booleans())
+
+
+def padded(update: str, interaction_id: str, padding: tuple[str, str, bool]) -> dict[str, Any]:
+    """A valid `update` request with `padding` at its top or inside its nested object."""
+    name, text, inside = padding
+    request: dict[str, Any]
+    if update == "respond":
+        request = {
+            "interaction_id": interaction_id,
+            "response": {"type": "question", "answer": "7"},
+        }
+        nested = "response"
+    else:
+        request, nested = {"limits": {"tool_calls": 5}}, "limits"
+    if inside:
+        return {**request, nested: {**request[nested], name: text}}
+    return {**request, name: text}
 
 
 async def test_updates_padded_with_unknown_fields_are_refused_before_history(
@@ -109,19 +118,19 @@ async def test_updates_padded_with_unknown_fields_are_refused_before_history(
     waiting = await wait_for_status(run, RunStatus.WAITING)
     assert waiting.interaction is not None
     raw = client.temporal.get_workflow_handle(run.run_id)
-    answer = {
-        "interaction_id": waiting.interaction.id,
-        "response": {"type": "question", "answer": "7"},
-    }
 
-    async def prop(request: dict[str, Any]) -> None:
+    async def prop(padding: tuple[str, str, bool], update: str) -> None:
+        assert waiting.interaction is not None
+        request = padded(update, waiting.interaction.id, padding)
         before = len((await raw.fetch_history()).events)
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await asyncio.wait_for(raw.execute_update("respond", request), 20)
-        assert "does not have" in str(refused.value.cause)
+            await asyncio.wait_for(raw.execute_update(update, request), 20)
+        why = str(refused.value.cause)  # limits forbid unknown fields of their own
+        assert "does not have" in why or "Extra inputs are not permitted" in why, why[:300]
         assert len((await raw.fetch_history()).events) == before
 
-    await check(prop, padded(answer), max_examples=15, shrink=False)
+    updates = st.sampled_from(["respond", "raise_limits"])
+    await check(prop, paddings(), updates, max_examples=15, shrink=False)
     assert (await run.snapshot()).status == RunStatus.WAITING
     await run.answer(waiting.interaction.id, "order 7")
     assert "order 7" in ((await run.result()).output or "")

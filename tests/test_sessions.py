@@ -42,6 +42,7 @@ from durably.tools import question_tool
 from .conftest import (
     Runtimes,
     chain_histories,
+    confirmed_status,
     eventually,
     failed_tasks,
     record_history,
@@ -223,7 +224,7 @@ class TestBusy:
             events = (await handle.fetch_history()).events
             signal = "workflow_execution_signaled_event_attributes"
             signalled = max(i for i, e in enumerate(events) if e.HasField(signal))
-            return any(e.HasField("marker_recorded_event_attributes") for e in events[signalled:])
+            return any(confirmed_status(e) for e in events[signalled:])
 
         await eventually(read_the_runs_status)
         with pytest.raises(DurableConflictError, match=f"run {first.run_id!r} is still open"):

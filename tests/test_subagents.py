@@ -34,6 +34,7 @@ from .conftest import (
     binary,
     chain_histories,
     cli,
+    confirmed_status,
     eventually,
     failed_tasks,
     record_history,
@@ -432,7 +433,7 @@ class TestForgedNotes:
             events = (await handle.fetch_history()).events
             signal = "workflow_execution_signaled_event_attributes"
             signalled = max(i for i, e in enumerate(events) if e.HasField(signal))
-            return any(e.HasField("marker_recorded_event_attributes") for e in events[signalled:])
+            return any(confirmed_status(e) for e in events[signalled:])
 
         await eventually(read_the_childs_status)
         snap = await parent.snapshot()

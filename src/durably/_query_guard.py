@@ -59,6 +59,8 @@ from temporalio.converter import SerializationContext, StorageDriverStoreContext
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
+from durably.errors import DurablyError
+
 if TYPE_CHECKING:
     from temporalio.worker._command_aware_visitor import CommandInfo
 
@@ -234,6 +236,15 @@ async def ask(
         except RPCError as err:
             if not (patient and err.status in _UNANSWERED) or loop.time() >= deadline:
                 raise
+        except KeyError as err:  # the converter meets a payload it has no codec for
+            if "binary/encrypted" not in str(err):
+                raise
+            raise DurablyError(
+                f"run {handle.id!r} answers with encrypted payloads, and this client has no "
+                "key to read them: connect with the workers' keys "
+                "(`DurableClient.connect(encryption=EncryptionCodec.from_env())`, or "
+                "DURABLY_ENCRYPTION_KEYS for the `durably` commands)"
+            ) from None
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
 

@@ -150,10 +150,12 @@ class ObserverHost:
         self.checkpoints: Checkpoints = checkpoints or SqliteCheckpoints()
         self.poll_interval = poll_interval
         self._following: dict[str, asyncio.Task[None]] = {}
-        self._calls = _OffLoop(timeout)
+        self.timeout = timeout
+        self._calls: _OffLoop | None = None  # while `run` runs
 
     async def run(self, stop: asyncio.Event) -> None:
         """Observe until `stop` is set."""
+        self._calls = _OffLoop(self.timeout)
         try:
             while not stop.is_set():
                 try:
@@ -168,6 +170,7 @@ class ObserverHost:
             await asyncio.gather(*self._following.values(), return_exceptions=True)
             self._following.clear()
             self._calls.close()
+            self._calls = None
 
     async def _sweep(self) -> None:
         """Start following each run not followed yet whose last event is not seen."""
@@ -201,6 +204,7 @@ class ObserverHost:
             if isinstance(item.event, LiveText):
                 continue  # previews are not committed events
             for observer in self.observers:
+                assert self._calls is not None  # fed only while `run` runs
                 await self._calls.call(observer, item)
             ended = item.event.type in ("run_completed", "run_cancelled")
             self.checkpoints.save(run_id, item.offset, finished=ended)
@@ -211,7 +215,9 @@ class ObserverHost:
 
 class _OffLoop:
     """Where observers run: sync ones in a pool of threads, async ones on an event loop in
-    a thread of its own; never on the host's loop (a worker's, in a worker's process)."""
+    a thread of its own; never on the host's loop (a worker's, in a worker's process).
+    Async observers run on that other loop: an object bound to the host's loop is not
+    theirs to use."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
@@ -226,23 +232,15 @@ class _OffLoop:
 
     async def call(self, observer: Observer, item: LiveItem) -> None:
         """Call one observer with one event; what it raises is logged, never retried, and
-        a call past `timeout` is logged and left behind."""
-        running: list[concurrent.futures.Future[Any]] = []
-
-        def invoke() -> None:
-            result = observer(item)
-            if inspect.isawaitable(result):
-                done = asyncio.run_coroutine_threadsafe(_awaited(result), self._loop)
-                running.append(done)
-                done.result()
-
+        a call past `timeout` is logged and left behind (an async one is cancelled)."""
+        if _is_async(observer):
+            running = asyncio.run_coroutine_threadsafe(_awaited(observer(item)), self._loop)
+        else:
+            running = self._pool.submit(self._sync, observer, item)
         try:
-            await asyncio.wait_for(
-                asyncio.get_running_loop().run_in_executor(self._pool, invoke), self.timeout
-            )
+            await asyncio.wait_for(asyncio.wrap_future(running), self.timeout)
         except TimeoutError:
-            for done in running:
-                done.cancel()  # an async observer is cancelled; a sync one keeps its thread
+            running.cancel()  # a sync observer keeps its thread until it returns
             _log.warning(
                 "an observer took too long with an event; the feed goes on without it",
                 observer=_name(observer),
@@ -257,13 +255,34 @@ class _OffLoop:
                 **_where(item),
             )
 
+    def _sync(self, observer: Observer, item: LiveItem) -> None:
+        """A sync observer, in a pool thread; what it returns, if awaitable, runs on the
+        observers' loop, bounded by `timeout` too."""
+        result = observer(item)
+        if inspect.isawaitable(result):
+            done = asyncio.run_coroutine_threadsafe(_awaited(result), self._loop)
+            try:
+                done.result(self.timeout)
+            except concurrent.futures.TimeoutError:
+                done.cancel()
+                raise
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
-async def _awaited(result: Awaitable[Any]) -> None:
-    await result
+def _is_async(observer: Observer) -> bool:
+    call = getattr(observer, "__call__", None)  # noqa: B004 - an object's async __call__
+    return inspect.iscoroutinefunction(observer) or inspect.iscoroutinefunction(call)
+
+
+async def _awaited(result: Awaitable[Any] | None) -> None:
+    if result is not None:
+        await result
 
 
 def _name(observer: Observer) -> str:

@@ -37,11 +37,11 @@ def refusals() -> Iterator[None]:
 def decode_signal(raw: RawValue) -> Any:
     """A signal's payload, or a rejection saying why it could not be read (a payload
     the worker could not decrypt arrives as `durably.codec.UNDECRYPTABLE`)."""
+    # Refused alike live and on replay, whatever the key id: a forged payload naming a
+    # key nobody holds is refused by every worker, and a replay never waits for a key
+    # that will never come. (A payload a worker with its key accepted, replayed by one
+    # without, fails that replay's task until a worker with the key takes the run.)
     sealed = undecryptable(raw.payload)
-    if sealed is not None and sealed.key_missing and workflow.unsafe.is_replaying():
-        # Taken once by a worker that held the key: this one waits for it (the task
-        # fails until a worker with the key takes it), never refuses it now.
-        raise sealed
     if sealed is not None:
         raise rejection(
             ErrorType.INVALID_RESPONSE,

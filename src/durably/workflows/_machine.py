@@ -905,7 +905,7 @@ class RunMachine:
 
     def child_confirmed(self, note: ChildStatusNote, status: str) -> None:
         """A child's status as the server holds it (`status`, "" if none), after `note`
-        said it changed: the note's detail is shown only if the status agrees with it."""
+        said it changed; the note's detail is kept only if the status agrees with it."""
         if status not in RunStatus._value2member_map_:
             return
         child = next((c for c in self.s.children.values() if c.run_id == note.run_id), None)

@@ -113,11 +113,17 @@ def admit_request(
                 f"{what} takes a {model.__name__} object with values of their own types "
                 f"(a number, not a string or a boolean); {_first_error(err)}",
             ) from None
+    kept = _kept_size(request)
+    if kept is None:  # what it sent does not parse: the check that follows says why
+        return request
     try:
-        sent = len(json.dumps(payload[0], ensure_ascii=False, default=str).encode())
+        sent = len(
+            json.dumps(payload[0], ensure_ascii=False, separators=(",", ":"), default=str).encode(
+                "utf-8", "surrogatepass"
+            )
+        )
     except (RecursionError, ValueError):
         sent = EXTRA_BYTES * 2**10  # no handler reads what cannot even be measured
-    kept = _kept_size(request)
     if sent > kept + EXTRA_BYTES:
         raise rejection(
             ErrorType.INVALID_RESPONSE,
@@ -128,18 +134,20 @@ def admit_request(
     return request
 
 
-def _kept_size(request: Any) -> int:
+def _kept_size(request: Any) -> int | None:
     """The encoded size of what the handler reads of `request` (a response is read as
-    `Response`: its own unknown fields are not read either)."""
+    `Response`: its own unknown fields are not read either); None when a part of it does
+    not parse (the checks that follow refuse it, saying why)."""
     if isinstance(request, RespondManyRequest):
-        return sum(_kept_size(r) for r in request.responses) + 64
-    if isinstance(request, RespondRequest):
-        try:
+        sizes = [_kept_size(r) for r in request.responses]
+        return None if None in sizes else sum(s for s in sizes if s is not None) + 64
+    try:
+        if isinstance(request, RespondRequest):
             read: Any = _RESPONSE.validate_python(request.response).model_dump()
-        except ValidationError:
-            read = {}  # refused with a better message by the check that follows
-        request = request.model_copy(update={"response": read})
-    return len(request.model_dump_json().encode())
+            request = request.model_copy(update={"response": read})
+        return len(request.model_dump_json().encode())
+    except (ValidationError, ValueError):  # a lone surrogate does not serialise
+        return None
 
 
 class Rejected(Exception):

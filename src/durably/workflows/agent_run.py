@@ -632,6 +632,7 @@ class AgentRunWorkflow:
             self._confirming[run_id] = True  # read again once the read in flight is back
             return
         self._confirming[run_id] = False
+        self._limits_apply()  # decided before the local activity (see `_decide_limits`)
         try:
             while True:
                 status = await confirm_status(run_id)
@@ -1246,7 +1247,7 @@ class AgentRunWorkflow:
     def retry(self, *payload: Any) -> RetryAccepted:
         with refusals():
             self._m.check_retry()
-            admit_request(RetryRequest, payload, Handler.RETRY)
+            parse_request(RetryRequest, payload, Handler.RETRY)
             previous = self._m.s.status
             return RetryAccepted(operation=self._m.retry(), previous_status=previous)
 
@@ -1254,7 +1255,7 @@ class AgentRunWorkflow:
     def _validate_retry(self, *payload: Any) -> None:
         with refusals():
             self._m.check_retry()
-            parse_request(RetryRequest, payload, Handler.RETRY)
+            admit_request(RetryRequest, payload, Handler.RETRY)
 
     # -- live events ----------------------------------------------------------------
 

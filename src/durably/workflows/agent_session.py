@@ -83,8 +83,8 @@ __all__ = ["AgentSessionWorkflow"]
 
 
 # What changed since sessions began (issue 27): a session continues as new (between runs)
-# when its history reaches `continue_as_new_bytes` (10 MiB), not only on events. Checked only when
-# the size alone would continue it, so sessions below it record no marker.
+# when its history reaches `continue_as_new_bytes` (10 MiB), not only on events. Checked when
+# the size alone would continue it, or before a status note's local activity.
 PATCH_SESSION_SIZE = "durably-session-continues-on-size"
 # Next: a continued session has its worker confirm that the run it continues is a durably
 # session on its task queue before it honours what that run carried (a caller's own
@@ -126,6 +126,7 @@ class AgentSessionWorkflow:
         # Runs whose status the worker is reading (`run_status`): whether another note
         # came meanwhile.
         self._confirming: dict[str, bool] = {}
+        self._sized: bool | None = None  # see `_size_patch`
         # Followers read these by query; nothing here is recorded (see `_live`).
         self._live = LiveEvents(start.carried.stream_offset if start.carried else 0)
 
@@ -183,7 +184,15 @@ class AgentSessionWorkflow:
         if info.get_current_history_length() >= self._m.continue_as_new_events:
             return True
         full = info.get_current_history_size() - self._base_bytes >= self._m.continue_as_new_bytes
-        return full and workflow.patched(PATCH_SESSION_SIZE)
+        return full and self._size_patch()
+
+    def _size_patch(self) -> bool:
+        """`PATCH_SESSION_SIZE`, decided once: before a status note's local activity too
+        (a patch marker after a local activity's, in the same workflow task, does not
+        replay)."""
+        if self._sized is None:
+            self._sized = workflow.patched(PATCH_SESSION_SIZE)
+        return self._sized
 
     async def _continue_as_new(self) -> NoReturn:
         """Continue as new between runs (never while a run is open: Temporal would apply
@@ -334,6 +343,7 @@ class AgentSessionWorkflow:
             self._confirming[note.run_id] = True  # read again once the read in flight is back
             return
         self._confirming[note.run_id] = False
+        self._size_patch()
         try:
             while True:
                 status = await confirm_status(note.run_id)
