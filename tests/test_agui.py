@@ -172,3 +172,20 @@ async def test_an_approval_ends_the_agui_run_with_an_interrupt_and_a_resume_answ
     [run] = await session.runs()
     approved = [e for e in (await run.snapshot()).events if e.type == "approved"]
     assert "by local" in (approved[0].detail or "")  # who answered through AG-UI
+
+
+async def test_a_thread_of_another_agent_is_not_submitted_into(
+    client: DurableClient, runtimes: Runtimes
+) -> None:
+    """The URL's agent was ignored: a `threadId` of another agent's session submitted
+    into that conversation."""
+    await runtimes.start([agent("agui-owner", "lookup"), agent("agui-other", "lookup")])
+    async with LiveServer(client, port=0) as server:
+        thread = f"agui-t-{uuid.uuid4().hex[:8]}"
+        await post_agui(server.port, "agui-owner", run_input(thread, "where is A?"))
+        events = await post_agui(server.port, "agui-other", run_input(thread, "and B?"))
+
+    assert types(events)[-1] == "RUN_ERROR"
+    assert "conversation with agent 'agui-owner'" in events[-1]["message"]
+    session = await client.get_session(thread)
+    assert len((await session.snapshot()).runs) == 1

@@ -107,6 +107,13 @@ async def _segment(
         if inp.resume:
             raise AguiError(f"thread {inp.thread_id!r} has no run to resume") from None
         session = await client.start_session(agent_id, session_id=inp.thread_id)
+    else:  # the URL names the agent: a thread of another agent's is not this one's
+        owner = (await session.snapshot()).agent_id
+        if owner != agent_id:
+            raise AguiError(
+                f"thread {inp.thread_id!r} is a conversation with agent {owner!r}, not "
+                f"{agent_id!r}: post it to /agents/{owner}/agui, or start a new thread"
+            )
     if inp.resume:
         run = await _waiting_run(client, session.session_id)
         handle = client.temporal.get_workflow_handle(run.run_id)
