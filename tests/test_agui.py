@@ -21,6 +21,7 @@ from durably import (
     ToolContext,
     tool,
 )
+from durably.agents import Subagent
 from durably.messages import AssistantMessage, ToolCall
 from durably.models import last_tool_results
 from durably.web import LiveServer
@@ -189,3 +190,46 @@ async def test_a_thread_of_another_agent_is_not_submitted_into(
     assert "conversation with agent 'agui-owner'" in events[-1]["message"]
     session = await client.get_session(thread)
     assert len((await session.snapshot()).runs) == 1
+
+
+async def test_a_subagents_approval_ends_the_agui_run_with_an_interrupt_and_a_resume_answers_it(
+    client: DurableClient, runtimes: Runtimes
+) -> None:
+    """An AG-UI run whose agent delegated to a subagent that needs approval never
+    emitted an interrupt or `RUN_FINISHED`: the parent runs while its child waits."""
+
+    def manager(request: ModelRequest) -> AssistantMessage:
+        results = last_tool_results(request)
+        if results:
+            return AssistantMessage(content=f"manager: {results[0].content}")
+        call = ToolCall(id="d0", name="agui-child", arguments={"task": "refund order A"})
+        return AssistantMessage(tool_calls=(call,))
+
+    boss = Agent(
+        id="agui-boss", model=FunctionModel(manager, name="agui.boss"), instructions="",
+        subagents=[Subagent("agui-child")],
+    )  # fmt: skip
+    await runtimes.start([agent("agui-child", "refund"), AgentRegistration(boss, version="1")])
+    async with LiveServer(client, port=0) as server:
+        thread = f"agui-t-{uuid.uuid4().hex[:8]}"
+        first_input = run_input(thread, "refund A please")
+        first = await post_agui(server.port, "agui-boss", first_input)
+
+        assert_valid_agui(first, max_warnings=0)
+        outcome = first[-1]["outcome"]
+        assert outcome["type"] == "interrupt"
+        [interrupt] = outcome["interrupts"]
+        assert interrupt["id"].endswith("#approval:1:c1") and interrupt["toolCallId"] == "d0"
+
+        resume = run_input(
+            thread,
+            parentRunId=first_input["runId"],
+            resume=[{"interruptId": interrupt["id"], "status": "resolved", "payload": True}],
+        )
+        second = await post_agui(server.port, "agui-boss", resume)
+
+    assert_valid_agui(second, max_warnings=0)
+    assert second[-1]["outcome"] == {"type": "success"}
+    session = await client.get_session(thread)
+    [run] = await session.runs()
+    assert (await run.result()).output == "manager: Done: refunded A "

@@ -63,6 +63,9 @@ from durably.errors import DurablyError, RunNotFoundError
 
 __all__ = ["AguiError", "agui_events"]
 
+# Between a subagent run's id and its interaction's, in an interrupt's id.
+_CHILD = "#"
+
 _OFFSET_QUERY = "__temporal_workflow_stream_offset"
 _MAX_ID = 200
 
@@ -84,7 +87,7 @@ async def agui_events(
     )
     try:
         run, after = await _segment(client, agent_id, inp, responder)
-        async for event in _translate(run, after, inp):
+        async for event in _translate(client, run, after, inp):
             yield event
     except (DurablyError, ValueError) as err:
         yield RunErrorEvent(
@@ -118,10 +121,34 @@ async def _segment(
         run = await _waiting_run(client, session.session_id)
         handle = client.temporal.get_workflow_handle(run.run_id)
         next_offset = await ask(handle, _OFFSET_QUERY, result_type=int)
-        await run.respond_many(_responses(await run.pending(), inp.resume), responder=responder)
+        own = [e for e in inp.resume if _CHILD not in e.interrupt_id]
+        if own:
+            await run.respond_many(_responses(await run.pending(), own), responder=responder)
+        await _resume_children(
+            client, run, [e for e in inp.resume if _CHILD in e.interrupt_id], responder
+        )
         return run, next_offset - 1
     text = _last_user_text(inp)
     return await session.submit(text), None
+
+
+async def _resume_children(
+    client: DurableClient, run: RunHandle, entries: list[ResumeEntry], responder: str
+) -> None:
+    """Answer the interrupts of `run`'s subagent runs (`{child run}#{interaction}`); only
+    a child of `run` is answered, whatever an id names."""
+    by_child: dict[str, list[ResumeEntry]] = {}
+    for entry in entries:
+        child_id, _, interaction_id = entry.interrupt_id.rpartition(_CHILD)
+        by_child.setdefault(child_id, []).append(
+            entry.model_copy(update={"interrupt_id": interaction_id})
+        )
+    children = {c.run_id for c in (await run.snapshot()).children}
+    for child_id, own in by_child.items():
+        if child_id not in children:
+            raise AguiError(f"{child_id[:200]!r} is not a subagent run of this thread's run")
+        child = await client.get_run(child_id)
+        await child.respond_many(_responses(await child.pending(), own), responder=responder)
 
 
 async def _waiting_run(client: DurableClient, session_id: str) -> RunHandle:
@@ -197,7 +224,7 @@ def _last_user_text(inp: RunAgentInput) -> str:
 
 
 async def _translate(
-    run: RunHandle, after: int | None, inp: RunAgentInput
+    client: DurableClient, run: RunHandle, after: int | None, inp: RunAgentInput
 ) -> AsyncIterator[BaseEvent]:
     """The durably run's live events as AG-UI events, until it waits, ends or parks."""
     text = _TextMessages()
@@ -214,7 +241,7 @@ async def _translate(
                 for out in _tool_call(call.call_id, call.name, call.arguments, parent):
                     yield out
         elif isinstance(event, LiveEvent):
-            finished = await _finish(run, event, item, inp)
+            finished = await _finish(client, run, event, item, inp)
             if finished is not None:
                 for out in [*text.close(), finished]:
                     yield out
@@ -261,22 +288,25 @@ class _TextMessages:
 
 
 async def _finish(
-    run: RunHandle, event: LiveEvent, item: LiveItem, inp: RunAgentInput
+    client: DurableClient, run: RunHandle, event: LiveEvent, item: LiveItem, inp: RunAgentInput
 ) -> BaseEvent | None:
     """The event ending the AG-UI run at this durably event, if it ends it."""
     if event.type == "waiting":
-        pending = await run.pending()
-        interrupts = [
-            Interrupt(
-                id=i.id,
-                reason="question" if i.type == "question" else "tool_approval",
-                message=i.question or f"approve {i.tool} with {json.dumps(i.args)[:500]}",
-                tool_call_id=i.operation.rsplit(":", 1)[-1],
-                expires_at=i.expires_at.isoformat() if i.expires_at else None,
-            )
-            for i in pending
-        ]
+        interrupts = [_interrupt(i) for i in await run.pending()]
         outcome: Any = RunFinishedInterruptOutcome(type="interrupt", interrupts=interrupts)
+    elif event.type == "subagent_status" and (event.detail or "").startswith("waiting "):
+        # A subagent's run waits for a person: its interactions are this run's interrupts,
+        # named `{child run}#{interaction}` so a resume answers them on the child.
+        child_id = (event.detail or "").partition(" ")[2]
+        child = await client.get_run(child_id)
+        parent_call = (event.operation or "").rsplit(":", 1)[-1]
+        interrupts = [
+            _interrupt(i, prefix=f"{child_id}{_CHILD}", call_id=parent_call)
+            for i in await child.pending()
+        ]
+        if not interrupts:
+            return None
+        outcome = RunFinishedInterruptOutcome(type="interrupt", interrupts=interrupts)
     elif event.type == "run_completed":
         outcome = RunFinishedSuccessOutcome(type="success")
     elif event.type == "run_cancelled":
@@ -298,6 +328,16 @@ async def _finish(
         outcome=outcome,
         result=result,
         timestamp=_now(),
+    )
+
+
+def _interrupt(i: Interaction, *, prefix: str = "", call_id: str | None = None) -> Interrupt:
+    return Interrupt(
+        id=f"{prefix}{i.id}",
+        reason="question" if i.type == "question" else "tool_approval",
+        message=i.question or f"approve {i.tool} with {json.dumps(i.args)[:500]}",
+        tool_call_id=call_id or i.operation.rsplit(":", 1)[-1],
+        expires_at=i.expires_at.isoformat() if i.expires_at else None,
     )
 
 

@@ -276,6 +276,8 @@ class EventType(StrEnum):
     # began, or the run continued as new (the stream goes on in the next run).
     # A subagent call started its child run (detail: the child's run id).
     SUBAGENT_STARTED = "subagent_started"
+    # Live only: a subagent's run changed status (its `detail` names the child run).
+    SUBAGENT_STATUS = "subagent_status"
     MODEL_STARTED = "model_started"
     TOOL_STARTED = "tool_started"
     CONTINUED_AS_NEW = "continued_as_new"

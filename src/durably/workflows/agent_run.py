@@ -620,6 +620,23 @@ class AgentRunWorkflow:
         else:
             self._m.child_noted(note)
         self._publish()
+        self._child_seen(note.run_id)
+
+    def _child_seen(self, run_id: str) -> None:
+        """Tell followers a child's status (live only: AG-UI ends its run with the child's
+        interrupts when the child waits for a person)."""
+        for operation, child in self._m.s.children.items():
+            if child.run_id == run_id:
+                self._live.publish(
+                    LiveEvent(
+                        run_id=self._run_id,
+                        at=workflow.now(),
+                        type=EventType.SUBAGENT_STATUS,
+                        operation=operation,
+                        detail=f"{child.status} {run_id}",  # the child's status, its id
+                        status=self._m.s.status,
+                    )
+                )
 
     async def _confirm_note(self, note: ChildStatusNote) -> None:
         """Apply the status the child publishes, read from the server, not the one `note`
