@@ -33,6 +33,13 @@ What it does:
   once about a third of the runs completed, the dev server is stopped and
   started again on the same database and port (the workers are left
   running: the report says whether they kept running);
+- a hostile client beside the killer sends, every 0.2-0.6 s, to a random
+  unfinished run or session: a `respond_signal` whose payload claims to be
+  encrypted (`binary/encrypted`, a made-up key id, random bytes); a `respond`
+  or `raise_limits` update padded with up to 200 kB of unknown fields, or
+  with a number as a string; a forged `child_status` (status `failed`,
+  `seq` 10**18) or `run_status` note. Every one must be refused or recorded
+  as rejected and change nothing the checks below look at;
 - an operator answers approvals through the `respond_signal` signal (about
   one in seven is denied; several pending at once go as one list, all or
   none), whatever else the run waits for, raises the limit of a run parked
@@ -118,11 +125,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType, PendingActivityState, WorkflowTaskFailedCause
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.common import RawValue
 from temporalio.converter import DataConverter
+from temporalio.exceptions import TemporalError
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -723,6 +733,8 @@ class Tally:
     most_pending: Counter[str] = field(default_factory=Counter)  # run -> most pending at once
     batch_signals: int = 0  # signals that answered several interactions at once
     resolve_conflicts: int = 0  # resolve_tool refused (the run moved on): look again later
+    hostile: Counter[str] = field(default_factory=Counter)  # the flooder's inputs, by kind
+    hostile_accepted: Counter[str] = field(default_factory=Counter)  # of those, accepted
     # Subagents: child run -> parent, as the operator found it, and how.
     child_parent: dict[str, str] = field(default_factory=dict)
     children_from_list: set[str] = field(default_factory=set)  # listed (by agent id)
@@ -830,6 +842,7 @@ class Soak:
                     self.watcher(),
                     self.operator(),
                     self.killer(),
+                    self.flooder(),
                     self.supervisor(),
                     self.server_restarter(),
                     self.progress(),
@@ -1074,6 +1087,57 @@ class Soak:
                 f"sessions closed={len(self.sessions_closed)}/{len(self.sessions)} "
                 f"failed_retries={sum(t.failed_retried.values())}"
             )
+
+    async def flooder(self) -> None:
+        """A hostile client: forged and padded inputs to random unfinished runs (see the
+        module docstring). Accepted ones are counted: each is a violation."""
+        while True:
+            await asyncio.sleep(self.rng.uniform(0.2, 0.6))
+            open_runs = [r for r in self.run_ids if r not in self.completed]
+            sessions = [s for s in self.sessions if s not in self.sessions_closed]
+            if not open_runs:
+                continue
+            kind = self.rng.choice(["ciphertext", "padded", "typed", "child_note", "run_note"])
+            target = self.rng.choice(sessions if kind == "run_note" and sessions else open_runs)
+            handle = self.temporal.get_workflow_handle(target)
+            self.tally.hostile[kind] += 1
+            try:
+                await self._hostile(kind, handle, target)
+            except WorkflowUpdateFailedError:
+                continue  # refused, as it must be
+            except (RPCError, TemporalError, TimeoutError):
+                continue  # the server restarting, or the run closed meanwhile
+
+    async def _hostile(self, kind: str, handle: Any, target: str) -> None:
+        if kind == "ciphertext":
+            forged = Payload(
+                metadata={
+                    "encoding": b"binary/encrypted",
+                    "encryption-key-id": f"k{self.rng.randrange(10**6)}".encode(),
+                    "durably-cipher": b"aes256gcm",
+                },
+                data=os.urandom(self.rng.randrange(0, 64 * 2**10)),
+            )
+            await handle.signal("respond_signal", RawValue(forged))
+        elif kind in ("padded", "typed"):
+            if kind == "padded":
+                junk = "j" * self.rng.randrange(5 * 2**10, 200 * 2**10)
+                request: dict[str, Any] = {
+                    "interaction_id": "approval:1:x",
+                    "response": {"type": "tool-approval", "approved": True, "junk": junk},
+                }
+                update = "respond"
+            else:
+                request, update = {"limits": {"tool_calls": "1000"}}, "raise_limits"
+            await asyncio.wait_for(handle.execute_update(update, request), 20)
+            self.tally.hostile_accepted[kind] += 1
+        elif kind == "child_note":
+            note = {"run_id": self.rng.choice(self.run_ids), "status": "failed", "seq": 10**18}
+            await handle.signal("child_status", note)
+        else:
+            runs = self.sessions.get(target) or [("", target)]
+            note = {"run_id": self.rng.choice(runs)[1], "status": "failed"}
+            await handle.signal("run_status", note)
 
     async def killer(self) -> None:
         while True:
@@ -2139,8 +2203,12 @@ class Soak:
                 sum(1 for _, _, connected in self.workers.exits if not connected),
             ),
             ("server restarts", t.server_restarts),
+            ("hostile inputs sent (forged, padded, mistyped)", _by_kind(t.hostile)),
+            ("  of which accepted", sum(t.hostile_accepted.values())),
         ]
         lines += [*session_lines, *metered_lines, *task_lines, *mcp_lines]
+        for kind, n in t.hostile_accepted.items():
+            problems.append(f"{n} hostile {kind} update(s) accepted")
         violations = len(problems)
         of_kind = Counter(self.kind_of.get(r, "?") for r in self.run_ids)
         by_kind = ", ".join(f"{k} {of_kind[k]}" for k in chaos_agents.KINDS if of_kind[k])
@@ -2324,6 +2392,10 @@ def overlapping_turns(
             if any(start < max(ends[:i]) for i, (start, _) in enumerate(spans) if i):
                 overlapped += 1
     return overlapped, examined
+
+
+def _by_kind(counts: Counter[str]) -> str:
+    return f"{sum(counts.values())} ({', '.join(f'{k} {n}' for k, n in sorted(counts.items()))})"
 
 
 def main(argv: Iterable[str] | None = None) -> int:

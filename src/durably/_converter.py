@@ -27,7 +27,7 @@ from temporalio.converter import (
     DefaultPayloadConverter,
 )
 
-from durably.codec import EncryptionCodec
+from durably.codec import EncryptionCodec, KeylessCodec
 from durably.errors import DurablyError
 
 __all__ = ["durable_converter", "with_durable_converter"]
@@ -85,7 +85,7 @@ def with_durable_converter(
     `worker`, with durably's encryption as a worker's (`EncryptionCodec.for_worker`)."""
     converter = durable_converter(client.data_converter, encryption)
     codec = converter.payload_codec
-    if worker and isinstance(codec, EncryptionCodec) and not codec.is_worker:
+    if worker and isinstance(codec, (EncryptionCodec, KeylessCodec)) and not codec.is_worker:
         converter = dataclasses.replace(converter, payload_codec=codec.for_worker())
     if converter is client.data_converter:
         return client

@@ -22,7 +22,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
-from durably.codec import EncryptionCodec
+from durably.codec import EncryptionCodec, KeylessCodec
 from durably.workflows import AgentRunWorkflow, AgentSessionWorkflow
 
 __all__ = [
@@ -37,7 +37,7 @@ def _replayer(data_converter: DataConverter) -> Replayer:
     and with durably's encryption as a worker's (a forged ciphertext the run refused is
     refused again, not an error)."""
     codec = data_converter.payload_codec
-    if isinstance(codec, EncryptionCodec) and not codec.is_worker:
+    if isinstance(codec, (EncryptionCodec, KeylessCodec)) and not codec.is_worker:
         data_converter = dataclasses.replace(data_converter, payload_codec=codec.for_worker())
     return Replayer(
         workflows=[AgentRunWorkflow, AgentSessionWorkflow],

@@ -74,6 +74,7 @@ __all__ = [
     "EncryptionCodec",
     "EncryptionKeyError",
     "EncryptionKeys",
+    "KeylessCodec",
     "undecryptable",
 ]
 
@@ -177,22 +178,15 @@ class EncryptionKeys:
             ) from None
 
 
-class EncryptionCodec(PayloadCodec, WithSerializationContext):
-    """AES-256-GCM over each whole payload (its metadata too), keyed by `keys`.
+class _WorkerCodec(PayloadCodec, WithSerializationContext):
+    """What a worker's codec does with a workflow's payload it cannot open: a marker
+    (`UNDECRYPTABLE`) instead of failing the whole workflow task (see the module
+    docstring). Subclasses open payloads in `_decrypt`, raising `EncryptionKeyError`."""
 
-    Args:
-        keys: The keys; the first encrypts.
-        compress: zlib before encrypting (see the module's note on when not to).
-    """
+    _worker = False  # a worker's codec (`for_worker`)
+    _marking = False  # now decoding a workflow's payloads
 
-    def __init__(self, keys: EncryptionKeys, *, compress: bool = False) -> None:
-        self.keys = keys
-        self.compress = compress
-        # A worker's codec (`for_worker`), and whether it now decodes a workflow's payloads.
-        self._worker = False
-        self._marking = False
-
-    def for_worker(self) -> EncryptionCodec:
+    def for_worker(self) -> Self:
         """This codec as a worker's: a workflow's payload it cannot decrypt becomes an
         `UNDECRYPTABLE` marker instead of failing the whole workflow task."""
         return self._copy(worker=True, marking=False)
@@ -208,6 +202,78 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
         input this worker's own code encrypted: those wait for their key)."""
         marking = self._worker and isinstance(context, WorkflowSerializationContext)
         return self if marking == self._marking else self._copy(self._worker, marking)
+
+    def _copy(self, worker: bool, marking: bool) -> Self:
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin._worker, twin._marking = worker, marking
+        return twin
+
+    def _decrypt(self, payload: Payload) -> Payload:
+        raise NotImplementedError
+
+    def _open(self, payload: Payload) -> Payload:
+        # An activity's own client calls (a query's answer) are a client's: they raise.
+        if not self._marking or activity.in_activity():
+            return self._decrypt(payload)
+        try:
+            return self._decrypt(payload)
+        except EncryptionKeyError as err:
+            _log.warning(
+                "a payload sent to a workflow could not be decrypted; the run refuses it, or "
+                "waits for its key if it accepted it before",
+                key_id=err.key_id[:40],
+                reason=str(err)[:300],
+            )
+            metadata = {"encoding": UNDECRYPTABLE, KEY_ID_METADATA: err.key_id.encode()[:100]}
+            if err.key_missing:
+                metadata[_KEY_MISSING] = b"1"
+            return Payload(metadata=metadata, data=str(err).encode()[:_MAX_REASON_BYTES])
+
+
+class KeylessCodec(_WorkerCodec):
+    """The codec of a process without keys: payloads pass as they are, and an encrypted
+    one it reads is an `EncryptionKeyError` naming its key (a `durably` command, a
+    worker started without keys), or, in a worker's workflow, a marker the run refuses:
+    a forged "encrypted" signal wedged even a worker that encrypts nothing."""
+
+    def __repr__(self) -> str:
+        return "KeylessCodec()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeylessCodec)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [self._open(p) for p in payloads]
+
+    def _decrypt(self, payload: Payload) -> Payload:
+        if payload.metadata.get("encoding") != ENCODING:
+            return payload
+        kid = payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace")[:40]
+        raise EncryptionKeyError(
+            f"this run's payloads are encrypted with key {kid!r}, and no encryption key is "
+            f"set here: set {ENV_KEYS} (or {ENV_KEYS_FILE}) to the keys its workers use",
+            kid,
+            key_missing=True,
+        )
+
+
+class EncryptionCodec(_WorkerCodec):
+    """AES-256-GCM over each whole payload (its metadata too), keyed by `keys`.
+
+    Args:
+        keys: The keys; the first encrypts.
+        compress: zlib before encrypting (see the module's note on when not to).
+    """
+
+    def __init__(self, keys: EncryptionKeys, *, compress: bool = False) -> None:
+        self.keys = keys
+        self.compress = compress
 
     def __repr__(self) -> str:
         return f"EncryptionCodec({self.keys!r}, compress={self.compress})"
@@ -236,30 +302,6 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
         if sum(len(p.data) for p in payloads) > _INLINE_BYTES:
             return await asyncio.to_thread(lambda: [self._open(p) for p in payloads])
         return [self._open(p) for p in payloads]
-
-    def _copy(self, worker: bool, marking: bool) -> Self:
-        twin = type(self).__new__(type(self))
-        twin.__dict__.update(self.__dict__)
-        twin._worker, twin._marking = worker, marking
-        return twin
-
-    def _open(self, payload: Payload) -> Payload:
-        # An activity's own client calls (a query's answer) are a client's: they raise.
-        if not self._marking or activity.in_activity():
-            return self._decrypt(payload)
-        try:
-            return self._decrypt(payload)
-        except EncryptionKeyError as err:
-            _log.warning(
-                "a payload sent to a workflow could not be decrypted; the run refuses it, or "
-                "waits for its key if it accepted it before",
-                key_id=err.key_id[:40],
-                reason=str(err)[:300],
-            )
-            metadata = {"encoding": UNDECRYPTABLE, KEY_ID_METADATA: err.key_id.encode()[:100]}
-            if err.key_missing:
-                metadata[_KEY_MISSING] = b"1"
-            return Payload(metadata=metadata, data=str(err).encode()[:_MAX_REASON_BYTES])
 
     def _encrypt(self, payload: Payload) -> Payload:
         kid = self.keys.active_key_id

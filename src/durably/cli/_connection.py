@@ -26,25 +26,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
-from temporalio.converter import PayloadCodec
 
 from durably.cli._terminal import run
 from durably.client import DurableClient, RunHandle
-from durably.codec import (
-    ENCODING,
-    ENV_KEYS,
-    ENV_KEYS_FILE,
-    KEY_ID_METADATA,
-    EncryptionCodec,
-    EncryptionKeyError,
-)
+from durably.codec import EncryptionCodec, KeylessCodec
 from durably.contract import DEFAULT_TASK_QUEUE
 
 Target = Annotated[
@@ -101,33 +92,13 @@ class Connection:
             return durable
         config = durable.temporal.config()
         config["data_converter"] = dataclasses.replace(
-            config["data_converter"], payload_codec=_NoKeys()
+            config["data_converter"], payload_codec=KeylessCodec()
         )
         return DurableClient(Client(**config), task_queue=task_queue)
 
     async def get_run(self, run_id: str) -> RunHandle:
         """The run named on the command line."""
         return await (await self.client()).get_run(run_id)
-
-
-class _NoKeys(PayloadCodec):
-    """The codec of a command run without keys: sends payloads as they are, and
-    names the key (and where to set it) of an encrypted payload it reads."""
-
-    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        return list(payloads)
-
-    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        for payload in payloads:
-            if payload.metadata.get("encoding") == ENCODING:
-                kid = payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace")[:40]
-                raise EncryptionKeyError(
-                    f"this run's payloads are encrypted with key {kid!r}, and no encryption "
-                    f"key is set here: set {ENV_KEYS} (or {ENV_KEYS_FILE}) to the keys its "
-                    "workers use",
-                    kid,
-                )
-        return list(payloads)
 
 
 def connection_options(
