@@ -168,7 +168,7 @@ async def _not_durably(
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
         return (
-            f"{what} ({workflow_id}, run {run_id}) is not on the server, so durably cannot "
+            f"{what} ({workflow_id[:200]!r}, run {run_id!r}) is not on the server, so durably cannot "
             f"confirm it was a durably run; {honoured} is honoured only from one. Start a new run"
         )
     if (
