@@ -168,8 +168,9 @@ async def _not_durably(
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
         return (
-            f"{what} ({workflow_id[:200]!r}, run {run_id!r}) is not on the server, so durably cannot "
-            f"confirm it was a durably run; {honoured} is honoured only from one. Start a new run"
+            f"{what} ({workflow_id[:200]!r}, run {run_id!r}) is not on the server, so durably "
+            f"cannot confirm it was a durably run; {honoured} is honoured only from one. Start "
+            "a new run"
         )
     if (
         found.workflow_type in expected
