@@ -3,6 +3,7 @@ every earlier message, held once by the session and never copied into each run."
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -22,6 +23,7 @@ from durably import (
     FunctionModel,
     LiveItem,
     ModelRequest,
+    RunFailedError,
     RunStatus,
     SessionHandle,
     SessionLiveEvent,
@@ -496,6 +498,72 @@ class TestFailedAndInterrupted:
         failing["now"] = False  # the twin session did not move on: its run is retried
         await early.retry()
         assert (await early.result()).output == "done: charged A-1"
+
+    async def test_a_retry_that_raced_a_later_submission_is_the_last_one(
+        self, client: DurableClient, runtimes: Runtimes
+    ) -> None:
+        """A failed run's `retry()` accepted just before the session took a later
+        submission: the session's `session_advanced` then reached a running run, which
+        ignored it, so the run could be retried again after failing again (SPEC section
+        13 says no). The run now asks its session, and remembers."""
+        failing = {"now": True}
+        gate = asyncio.Event()
+
+        @tool
+        async def charge(args: Order, ctx: ToolContext) -> str:
+            """Charge the order (after the gate opens, once it has failed)."""
+            if failing["now"]:
+                raise RuntimeError("the card network is down")
+            await gate.wait()
+            if failing.get("again"):
+                raise RuntimeError("the card network is down again")
+            return f"charged {args.order}"
+
+        def answer(request: ModelRequest) -> AssistantMessage:
+            last = request.messages[-1]
+            if isinstance(last, ToolResultMessage):
+                return AssistantMessage(content=f"done: {last.content}")
+            if isinstance(last, UserMessage) and last.content.startswith("charge "):
+                call = ToolCall(call_id="c1", name="charge", arguments={"order": "A"})
+                return AssistantMessage(tool_calls=(call,))
+            return AssistantMessage(content=f"{len(request.messages)} messages so far")
+
+        agent = Agent(id="racer", model=FunctionModel(answer), instructions="", tools=[charge])
+        retry = ToolRetry(max_attempts=2, initial_delay_ms=1, max_delay_ms=1)
+        await runtimes.start(
+            [
+                AgentRegistration(
+                    agent, version="1", tool_recovery={"charge": "safe"}, tool_retry=retry
+                )
+            ]
+        )
+        session = await client.start_session("racer")
+        first = await session.submit("charge A")
+        await wait_for_status(first, RunStatus.FAILED)
+        failing["now"] = False
+        await first.retry()  # runs again, held at the gate
+
+        async def runs_again() -> bool:
+            return (await session.snapshot()).runs[0].reported == RunStatus.RUNNING
+
+        await eventually(runs_again)
+        later = await session.submit("hello", if_busy="enqueue")
+        # The session's `session_advanced`, as it arrives when the retry raced the submission.
+        await client.temporal.get_workflow_handle(first.run_id).signal("session_advanced")
+
+        async def told() -> bool:
+            return any(e.type == "session_went_ahead" for e in (await first.snapshot()).events)
+
+        await eventually(told)
+        with pytest.raises(DurableConflictError, match="took a later submission"):
+            await first.retry()
+        failing["again"] = True
+        gate.set()
+        with pytest.raises(RunFailedError):  # it failed again, and ended: no more retries
+            await first.result()
+        await eventually(partial(is_started, session, 1))
+        assert (await later.result()).output == "4 messages so far"
+        await record_history(client, first.run_id, "session_run_raced_a_later_submission")
 
     async def test_interrupt_cancels_the_open_run_and_its_call_gets_a_result(
         self, client: DurableClient, runtimes: Runtimes

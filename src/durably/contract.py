@@ -38,6 +38,7 @@ from durably.messages import (
 )
 
 __all__ = [
+    "ACTIVITY_CONFIRM_ADVANCED",
     "ACTIVITY_CONFIRM_STATUS",
     "ACTIVITY_MODEL",
     "ACTIVITY_PIN",
@@ -69,6 +70,7 @@ __all__ = [
     "SESSION_WORKFLOW_TYPE",
     "SNAPSHOT_INPUT_CHARS",
     "WORKFLOW_TYPE",
+    "AdvanceCheck",
     "AgentPin",
     "Answer",
     "Approval",
@@ -168,6 +170,7 @@ ACTIVITY_RUN_TRANSCRIPT = "durably.run_transcript"
 ACTIVITY_VERIFY_REPAIR = "durably.verify_repair"
 ACTIVITY_VERIFY_ORIGIN = "durably.verify_origin"
 ACTIVITY_CONFIRM_STATUS = "durably.confirm_status"
+ACTIVITY_CONFIRM_ADVANCED = "durably.confirm_advanced"
 
 
 class SessionHandler(StrEnum):
@@ -276,6 +279,8 @@ class EventType(StrEnum):
     # began, or the run continued as new (the stream goes on in the next run).
     # A subagent call started its child run (detail: the child's run id).
     SUBAGENT_STARTED = "subagent_started"
+    # A session's run that ran again learned its session went ahead of it (no more retries).
+    SESSION_WENT_AHEAD = "session_went_ahead"
     # Live only: a subagent's run changed status (its `detail` names the child run).
     SUBAGENT_STATUS = "subagent_status"
     MODEL_STARTED = "model_started"
@@ -794,6 +799,14 @@ class RepairRequest(_Model):
 
     responder: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+
+
+class AdvanceCheck(_Model):
+    """Whether session `session_id` took a submission after run `run_id`
+    (`confirm_advanced`): what a `session_advanced` signal, which anyone may send, says."""
+
+    session_id: str
+    run_id: str
 
 
 class StatusCheck(_Model):

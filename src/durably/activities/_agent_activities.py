@@ -37,10 +37,11 @@ from durably._transcript import (
     transcript_page,
 )
 from durably.activities._heartbeat import TextPreviews, heartbeating
-from durably.activities._origin import Callers, described_status, origin_problem
+from durably.activities._origin import Callers, advanced_past, described_status, origin_problem
 from durably.agents import AgentRegistration
 from durably.approvals import ApprovalKeys
 from durably.contract import (
+    ACTIVITY_CONFIRM_ADVANCED,
     ACTIVITY_CONFIRM_STATUS,
     ACTIVITY_MODEL,
     ACTIVITY_PIN,
@@ -53,6 +54,7 @@ from durably.contract import (
     PIN_DIGEST_PREFIX,
     SESSION_WORKFLOW_TYPE,
     WORKFLOW_TYPE,
+    AdvanceCheck,
     AgentPin,
     ErrorType,
     Handler,
@@ -171,6 +173,7 @@ class AgentActivities:
             self.verify_repair,
             self.verify_origin,
             self.confirm_status,
+            self.confirm_advanced,
         ]
 
     # -- registration -------------------------------------------------------
@@ -473,6 +476,11 @@ class AgentActivities:
         """The status a run publishes, read from the server: what a parent or a session
         applies when a note (a signal anyone may send) says a run's status changed."""
         return await described_status(activity.client(), check)
+
+    @activity.defn(name=ACTIVITY_CONFIRM_ADVANCED)
+    async def confirm_advanced(self, check: AdvanceCheck) -> bool:
+        """Whether the run's session took a later submission, asked of the session."""
+        return await advanced_past(activity.client(), check)
 
     # -- approvals ----------------------------------------------------------
 

@@ -39,16 +39,20 @@ from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durably._query_guard import ask
 from durably.contract import (
     SA_STATUS,
     SESSION_WORKFLOW_TYPE,
     WORKFLOW_TYPE,
+    AdvanceCheck,
     ErrorType,
     OriginCheck,
+    SessionHandler,
+    SessionSnapshot,
     StatusCheck,
 )
 
-__all__ = ["Callers", "described_status", "origin_problem"]
+__all__ = ["Callers", "advanced_past", "described_status", "origin_problem"]
 
 # Runs a worker remembers it confirmed (a run id each); past it, the oldest is asked again.
 _CONFIRMED_RUNS = 10_000
@@ -200,3 +204,12 @@ async def described_status(client: Client, check: StatusCheck) -> str:
     if found is None:
         return ""
     return found.typed_search_attributes.get(SA_STATUS) or ""
+
+
+async def advanced_past(client: Client, check: AdvanceCheck) -> bool:
+    """Whether the session holds a submission after the run (asked of the session itself,
+    which decides it): a `session_advanced` signal says so, and anyone may signal."""
+    handle = client.get_workflow_handle(check.session_id)
+    snapshot = await ask(handle, SessionHandler.SNAPSHOT, result_type=SessionSnapshot, patient=True)
+    ids = [r.run_id for r in snapshot.runs]
+    return check.run_id in ids and ids.index(check.run_id) < len(ids) - 1

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from durably.contract import (
+        ACTIVITY_CONFIRM_ADVANCED,
         ACTIVITY_CONFIRM_STATUS,
         ACTIVITY_MODEL,
         ACTIVITY_PIN,
@@ -31,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_VERIFY_APPROVAL,
         ACTIVITY_VERIFY_ORIGIN,
         ACTIVITY_VERIFY_REPAIR,
+        AdvanceCheck,
         AgentPin,
         ModelCallInput,
         ModelCallResult,
@@ -52,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.workflows._machine import PIN
 
 __all__ = [
+    "confirm_advanced",
     "confirm_status",
     "describe",
     "failed_attempt_usage",
@@ -200,6 +203,24 @@ async def verify_approval(request: VerifyApprovalRequest) -> str:
         summary=f"verify approval {request.interaction_id}",
     )
     return problem
+
+
+async def confirm_advanced(session_id: str, run_id: str) -> bool:
+    """Whether the session took a submission after this run, asked of the session by the
+    worker (False if it did not answer in a minute: the signal then changes nothing)."""
+    try:
+        advanced: bool = await workflow.execute_local_activity(
+            ACTIVITY_CONFIRM_ADVANCED,
+            AdvanceCheck(session_id=session_id, run_id=run_id),
+            result_type=bool,
+            start_to_close_timeout=timedelta(seconds=30),
+            schedule_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            summary=f"ask session {session_id[:200]} whether it went ahead",
+        )
+    except ActivityError:
+        return False
+    return advanced
 
 
 async def confirm_status(run_id: str) -> str:

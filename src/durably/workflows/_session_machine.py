@@ -310,6 +310,12 @@ class SessionMachine:
             run.reported = status
         return run
 
+    def waits_behind(self, run_id: str) -> bool:
+        """Whether queued run `run_id` now waits behind another run (one it passed because
+        it had failed runs again)."""
+        busy = self.busy()
+        return busy is not None and busy.run_id != run_id and not busy.interrupt
+
     def is_open(self, run_id: str) -> bool:
         """Whether `run_id` is a run of this session that is open."""
         return any(r.run_id == run_id and r.status == "open" for r in self.runs)

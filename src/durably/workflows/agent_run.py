@@ -120,6 +120,7 @@ with workflow.unsafe.imports_passed_through():
     from durably.messages import AssistantMessage, ToolCall, ToolResultMessage, Usage
     from durably.tools import render_result
     from durably.workflows._activities import (
+        confirm_advanced,
         confirm_status,
         describe,
         failed_attempt_usage,
@@ -169,6 +170,7 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = [
     "PATCHES",
+    "PATCH_ADVANCE_KEPT",
     "PATCH_HARDENED",
     "PATCH_LIMITS",
     "PATCH_NOTES_CONFIRMED",
@@ -230,6 +232,10 @@ PATCH_ORIGIN = "durably-origin-confirmed"
 # the server (`confirm_status`, a local activity), not a claim the parent applies: a note
 # is a signal anyone may send. Checked when a note about a child of the run arrives.
 PATCH_NOTES_CONFIRMED = "durably-notes-confirmed"
+# What changed next: a `session_advanced` signal reaching a session's run that runs again
+# (its retry raced the submission that went ahead) is confirmed with the session; then the
+# run is not retried again and ends when it next fails. Checked when such a signal comes.
+PATCH_ADVANCE_KEPT = "durably-session-advance-kept"
 # Every patch since 0.1.0, oldest first.
 PATCHES: tuple[str, ...] = (
     PATCH_HARDENED,
@@ -241,6 +247,7 @@ PATCHES: tuple[str, ...] = (
     PATCH_REPAIR,
     PATCH_ORIGIN,
     PATCH_NOTES_CONFIRMED,
+    PATCH_ADVANCE_KEPT,
 )
 
 T = TypeVar("T")
@@ -876,8 +883,8 @@ class AgentRunWorkflow:
         def child_ended() -> bool:  # a parked subagent call whose child closed meanwhile
             return child is not None and child.done()
 
-        await self._wait(lambda: decided() or self._advanced or child_ended())
-        if self._advanced and not decided():
+        await self._wait(lambda: decided() or self._ends_advanced() or child_ended())
+        if self._ends_advanced() and not decided():
             self._end_advanced()
         if not decided() and key is not None and child_ended():
             m.child_ended(key)
@@ -1123,6 +1130,13 @@ class AgentRunWorkflow:
         if name == Handler.SESSION_ADVANCED and self._in_failed_session_run():
             self._advanced = True
             return
+        if (
+            name == Handler.SESSION_ADVANCED
+            and self._m.s.session is not None
+            and workflow.patched(PATCH_ADVANCE_KEPT)
+        ):
+            await self._session_went_ahead()
+            return
         if name == Handler.CHILD_STATUS and (
             self._m.s.children or (self._commute and self._starting)
         ):
@@ -1271,6 +1285,14 @@ class AgentRunWorkflow:
     @retry.validator
     def _validate_retry(self, *payload: Any) -> None:
         with refusals():
+            if self._advanced:
+                session = self._m.s.session
+                raise rejection(
+                    ErrorType.DURABLE_CONFLICT,
+                    f"run {self._run_id!r}'s session {session.session_id if session else ''!r} "
+                    "took a later submission: this run can no longer be retried (SPEC "
+                    "section 13); submit again instead",
+                )
             self._m.check_retry()
             admit_request(RetryRequest, payload, Handler.RETRY)
 
@@ -1376,6 +1398,34 @@ class AgentRunWorkflow:
         details = status_details(self._run_id, self._m.s, running=self._running)
         if details is not None:
             workflow.set_current_details(details)
+
+    def _ends_advanced(self) -> bool:
+        """A failed run of a session that went ahead of it: it ends, never to be retried."""
+        return self._advanced and self._in_failed_session_run()
+
+    async def _session_went_ahead(self) -> None:
+        """`session_advanced` reached this run while it runs again (its `retry()` raced
+        the submission that went ahead of it): if its session confirms it took a later
+        submission, the run is no longer retried, and ends when it next fails (SPEC
+        section 13). Anyone may send the signal, so only the session's word counts."""
+        session = self._m.s.session
+        assert session is not None
+        if self._advanced:
+            return
+        self._limits_apply()  # decided before the local activity (see `_decide_limits`)
+        if await confirm_advanced(session.session_id, self._run_id):
+            self._advanced = True
+            self._m.event(
+                EventType.SESSION_WENT_AHEAD,
+                detail=f"session {session.session_id} took a later submission: this run is not "
+                "retried again, and ends if it fails",
+            )
+        else:
+            self._m.event(
+                EventType.SIGNAL_REJECTED,
+                detail=f"{Handler.SESSION_ADVANCED.value}: session {session.session_id} took no "
+                "submission after this run",
+            )
 
     def _in_failed_session_run(self) -> bool:
         return self._m.s.session is not None and self._m.s.status == RunStatus.FAILED

@@ -91,6 +91,9 @@ PATCH_SESSION_SIZE = "durably-session-continues-on-size"
 # workflow could continue as new into `AgentSessionWorkflow` with a forged conversation).
 # Checked only in continued sessions.
 PATCH_SESSION_ORIGIN = "durably-session-origin-confirmed"
+# Next: a submission accepted past a failed run answers `queued` once that run runs again
+# (its retry raced the submission) instead of waiting for it to end. Checked in such a submit.
+PATCH_SUBMIT_REQUEUED = "durably-session-submit-requeued"
 # Next: a run's status note is a prompt to read the run's status from the server, not a
 # claim (anyone may signal). Checked when a note about the open run arrives.
 PATCH_SESSION_NOTES = "durably-session-notes-confirmed"
@@ -298,8 +301,15 @@ class AgentSessionWorkflow:
             accepted = self._m.submit(parse_request(SubmitRequest, payload, SessionHandler.SUBMIT))
         self._event("submitted", accepted.run_id, "queued" if accepted.queued else None)
         if not accepted.queued:  # answer once its run exists, so a handle on it works at once
+            # Or once it waits behind a run after all: the failed run it passed was retried
+            # (the retry raced this submission) and runs again.
+            requeue = workflow.patched(PATCH_SUBMIT_REQUEUED)
             await workflow.wait_condition(
-                lambda: self._is_started(accepted.run_id) or self._continuing
+                lambda: (
+                    self._is_started(accepted.run_id)
+                    or self._continuing
+                    or (requeue and self._m.waits_behind(accepted.run_id))
+                )
             )
             if not self._is_started(accepted.run_id):  # the next session run starts it
                 return accepted.model_copy(update={"queued": True})
