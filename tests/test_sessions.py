@@ -31,7 +31,13 @@ from durably import (
     ToolRetry,
     tool,
 )
-from durably.contract import SA_SESSION, SESSION_WORKFLOW_TYPE, WORKFLOW_TYPE
+from durably.contract import (
+    SA_SESSION,
+    SESSION_WORKFLOW_TYPE,
+    WORKFLOW_TYPE,
+    SessionInput,
+    SubmitRequest,
+)
 from durably.messages import (
     AssistantMessage,
     Message,
@@ -40,6 +46,7 @@ from durably.messages import (
     UserMessage,
 )
 from durably.tools import question_tool
+from durably.workflows._session_machine import SessionMachine
 
 from .conftest import (
     Runtimes,
@@ -657,3 +664,29 @@ class TestContextWindow:
         failed = await wait_for_status(run, RunStatus.FAILED)
         assert "context_window failed: ValueError: no window today" in (failed.error or "")
         assert seen == []  # the model was never asked
+
+
+class TestWaitsBehind:
+    """The session's decision behind a submit's `queued` answer, without Temporal."""
+
+    def machine(self) -> tuple[SessionMachine, str, str]:
+        ids = iter(["a", "b", "c"])
+        m = SessionMachine("s", SessionInput(agent_id="x"), None, new_id=lambda: next(ids))
+        first = m.submit(SubmitRequest(input="one")).run_id
+        m.started(m.runs[0])
+        m.reported(first, RunStatus.FAILED)
+        later = m.submit(SubmitRequest(input="two")).run_id  # past the failed run
+        return m, first, later
+
+    def test_a_submission_past_a_failed_run_waits_behind_it_once_it_runs_again(self) -> None:
+        m, first, later = self.machine()
+        assert not m.waits_behind(later)
+        m.reported(first, RunStatus.RUNNING)  # its retry raced the submission
+        assert m.waits_behind(later)
+
+    def test_a_failed_run_that_ends_is_not_waited_behind(self) -> None:
+        m, first, later = self.machine()
+        m.reported(first, RunStatus.CANCELLED)  # cancelled from outside: it is ending
+        assert not m.waits_behind(later)
+        m.ending(m.runs[0])
+        assert not m.waits_behind(later)

@@ -1334,6 +1334,9 @@ class RunState(_Model):
     # The offset of the run's next live event (`RunHandle.events`): offsets go on
     # across continue-as-new.
     stream_offset: int = 0
+    # A session's run that ran again after failing, whose session confirmed it took a
+    # later submission: never retried again, and ends when it next fails.
+    session_went_ahead: bool = False
     # Runs under the parallel-tools patch: every pending interaction (`interaction`
     # stays None), every parked operation (the singular fields name the first of
     # each kind), and results waiting for earlier calls of their turn.

@@ -205,9 +205,9 @@ async def verify_approval(request: VerifyApprovalRequest) -> str:
     return problem
 
 
-async def confirm_advanced(session_id: str, run_id: str) -> bool:
+async def confirm_advanced(session_id: str, run_id: str) -> bool | None:
     """Whether the session took a submission after this run, asked of the session by the
-    worker (False if it did not answer in a minute: the signal then changes nothing)."""
+    worker (None if it did not answer in a minute: the signal then changes nothing)."""
     try:
         advanced: bool = await workflow.execute_local_activity(
             ACTIVITY_CONFIRM_ADVANCED,
@@ -219,7 +219,7 @@ async def confirm_advanced(session_id: str, run_id: str) -> bool:
             summary=f"ask session {session_id[:200]} whether it went ahead",
         )
     except ActivityError:
-        return False
+        return None
     return advanced
 
 

@@ -59,6 +59,13 @@ MAX_QUEUED_BYTES = 1536 * 2**10
 HISTORY_ROOM = 40 * 2**20
 _SESSION_EXPECTED = '{"agent_id": "...", "version": null}'
 _CLOSED = ("completed", "failed", "cancelled")
+# What a run that failed reports when it runs again (retried, resolved, repaired).
+_RUNS_AGAIN = (
+    RunStatus.RUNNING,
+    RunStatus.WAITING,
+    RunStatus.RETRY_WAIT,
+    RunStatus.NEEDS_ATTENTION,
+)
 
 
 def read_session_input(
@@ -311,10 +318,16 @@ class SessionMachine:
         return run
 
     def waits_behind(self, run_id: str) -> bool:
-        """Whether queued run `run_id` now waits behind another run (one it passed because
-        it had failed runs again)."""
+        """Whether queued run `run_id` now waits behind another run: one it passed because
+        it had failed, which runs again (not one that is ending, cancelled or interrupted)."""
         busy = self.busy()
-        return busy is not None and busy.run_id != run_id and not busy.interrupt
+        return (
+            busy is not None
+            and busy.run_id != run_id
+            and busy.status == "open"
+            and busy.reported in _RUNS_AGAIN  # said it failed, then that it runs again
+            and not busy.interrupt
+        )
 
     def is_open(self, run_id: str) -> bool:
         """Whether `run_id` is a run of this session that is open."""

@@ -319,6 +319,8 @@ class AgentRunWorkflow:
         self._advanced = False
         # `repair` signals whose worker check is out: no operation starts meanwhile.
         self._repairing = 0
+        # A `session_advanced` being confirmed with the session (`_session_went_ahead`).
+        self._asking_session = False
         # Children whose status the worker is reading (`_confirm_note`): whether another
         # note came meanwhile; and the latest note of each.
         self._confirming: dict[str, bool] = {}
@@ -1285,7 +1287,7 @@ class AgentRunWorkflow:
     @retry.validator
     def _validate_retry(self, *payload: Any) -> None:
         with refusals():
-            if self._advanced:
+            if self._advanced or self._m.s.session_went_ahead:
                 session = self._m.s.session
                 raise rejection(
                     ErrorType.DURABLE_CONFLICT,
@@ -1400,8 +1402,11 @@ class AgentRunWorkflow:
             workflow.set_current_details(details)
 
     def _ends_advanced(self) -> bool:
-        """A failed run of a session that went ahead of it: it ends, never to be retried."""
-        return self._advanced and self._in_failed_session_run()
+        """A run of a session that went ahead of it ends, never to be retried: told while
+        it was failed (`_advanced`, at its next park, as it always did), or confirmed while
+        it ran again (at its next failure)."""
+        went_ahead = self._m.s.session_went_ahead and self._in_failed_session_run()
+        return self._advanced or went_ahead
 
     async def _session_went_ahead(self) -> None:
         """`session_advanced` reached this run while it runs again (its `retry()` raced
@@ -1410,11 +1415,22 @@ class AgentRunWorkflow:
         section 13). Anyone may send the signal, so only the session's word counts."""
         session = self._m.s.session
         assert session is not None
-        if self._advanced:
-            return
+        if self._advanced or self._m.s.session_went_ahead or self._asking_session:
+            return  # known already, or being asked: one question at a time
         self._limits_apply()  # decided before the local activity (see `_decide_limits`)
-        if await confirm_advanced(session.session_id, self._run_id):
-            self._advanced = True
+        self._asking_session = True
+        try:
+            advanced = await confirm_advanced(session.session_id, self._run_id)
+        finally:
+            self._asking_session = False
+        if advanced is None:
+            self._m.event(
+                EventType.SIGNAL_REJECTED,
+                detail=f"{Handler.SESSION_ADVANCED.value}: session {session.session_id} did "
+                "not answer whether it took a later submission; this run is retried as usual",
+            )
+        elif advanced:
+            self._m.s.session_went_ahead = True
             self._m.event(
                 EventType.SESSION_WENT_AHEAD,
                 detail=f"session {session.session_id} took a later submission: this run is not "
