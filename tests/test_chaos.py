@@ -28,6 +28,8 @@ from temporalio.api.history.v1 import WorkflowTaskFailedEventAttributes
 from temporalio.client import WorkflowHistory
 
 from durably._converter import durable_converter
+from durably._repair import fates_after
+from durably._replay import first_unreplayable_task, replay
 from durably.codec import EncryptionKeyError, EncryptionKeys
 from durably.messages import Message, ModelRequest, ToolResultMessage, UserMessage
 
@@ -127,6 +129,39 @@ class TestReplayCheck:
         assert any(line.startswith("missing encryption key") for line in lines), lines
         # Their replays still fail: a handover or a key does not excuse nondeterminism.
         assert lines[0] == "histories replayed: 2, replay failures: 2", lines
+
+
+class TestWedgedRunsAreRepairable:
+    """SPEC section 22: a run the query race wedged replays no more (no code can change
+    that, the issue says), so it must be repairable. `durably repair` resets it to the
+    first workflow task that does not replay and tells it the fate of every operation
+    after that point; its run against the dev server is `test_query_race.TestRepair`.
+    Here, with no server, every wedged history of `tests/wedged/` (the six of
+    `../shared/regressions/` and the soak's seventh) is shown to have that point."""
+
+    @pytest.mark.parametrize("path", WEDGED, ids=lambda p: p.stem)
+    async def test_repair_finds_where_to_reset_and_what_it_keeps_replays(self, path: Path) -> None:
+        _, _, history = execution(path)
+        converter = durable_converter(None)
+
+        bad = await first_unreplayable_task(history, converter)
+
+        assert bad is not None, "the history replays: it is not wedged"
+        kept_through = bad.workflow_task_completed_event_attributes.started_event_id
+        kept = WorkflowHistory(
+            history.workflow_id, [e for e in history.events if e.event_id <= kept_through]
+        )
+        assert await replay(kept, converter) is None  # what the reset keeps replays
+        fates = await fates_after(history.events, kept_through, converter)
+        after = {
+            e.activity_task_scheduled_event_attributes.activity_id
+            for e in history.events
+            if e.event_id > kept_through
+            and e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name
+            in ("durably.tool_call", "durably.model_request")
+        }
+        assert {f.operation for f in fates} == after  # each gets a fate, none is run blind
 
 
 class TestSessionScripts:
