@@ -201,17 +201,7 @@ class TestServerSentEvents:
         with pytest.raises(DurablyError, match="without tokens"):
             LiveServer(client, host="0.0.0.0", port=0)
 
-        def model(request: ModelRequest) -> AssistantMessage:
-            if last_tool_results(request):
-                return AssistantMessage(content="done")
-            call = ToolCall(id="r", name="refund", arguments={"order": "A"})
-            return AssistantMessage(tool_calls=(call,))
-
-        agent = Agent(
-            id="refunder", model=FunctionModel(model, name="web.refunder"), instructions="",
-            tools=[refund],
-        )  # fmt: skip
-        await runtimes.start([AgentRegistration(agent, version="1")])
+        await runtimes.start([_refunder("web.refunder")])
         run = await client.start_run("refunder", "refund A")
         snap = await wait_for_status(run, RunStatus.WAITING)
         assert snap.interaction is not None
@@ -340,6 +330,47 @@ class TestQuietStreams:
         assert [m.event for m in seen][-1] == "run_completed"
 
 
+def _refunder(model_name: str) -> AgentRegistration:
+    """Refunds order A once its approval is given, then answers "done"."""
+
+    def model(request: ModelRequest) -> AssistantMessage:
+        if last_tool_results(request):
+            return AssistantMessage(content="done")
+        call = ToolCall(id="r", name="refund", arguments={"order": "A"})
+        return AssistantMessage(tool_calls=(call,))
+
+    agent = Agent(
+        id="refunder", model=FunctionModel(model, name=model_name), instructions="",
+        tools=[refund],
+    )  # fmt: skip
+    return AgentRegistration(agent, version="1")
+
+
+async def _asgi_post(app: Any, path: str, body: Any, *, peer: str) -> int:
+    """A tokenless JSON POST naming `Host: localhost`, handed to `app` as from `peer` (for a
+    machine with no network address of its own to send it from)."""
+    data = json.dumps(body).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "client": (peer, 40000), "server": ("192.0.2.10", 80),
+        "headers": [
+            (b"host", b"localhost"), (b"content-type", b"application/json"),
+            (b"content-length", str(len(data)).encode()),
+        ],
+    }  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return int(next(m["status"] for m in sent if m["type"] == "http.response.start"))
+
+
 def _lan_address() -> str:
     """This machine's address on its network (not loopback), as a peer there reaches it."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -378,21 +409,7 @@ class TestMountedApps:
     async def test_a_request_from_the_network_naming_localhost_is_refused(
         self, client: DurableClient, runtimes: Runtimes
     ) -> None:
-        lan = _lan_address()
-        if ipaddress.ip_address(lan).is_loopback:
-            pytest.skip("this machine has no network address besides loopback")
-
-        def model(request: ModelRequest) -> AssistantMessage:
-            if last_tool_results(request):
-                return AssistantMessage(content="done")
-            call = ToolCall(id="r", name="refund", arguments={"order": "A"})
-            return AssistantMessage(tool_calls=(call,))
-
-        agent = Agent(
-            id="refunder", model=FunctionModel(model, name="web.mounted"), instructions="",
-            tools=[refund],
-        )  # fmt: skip
-        await runtimes.start([AgentRegistration(agent, version="1")])
+        await runtimes.start([_refunder("web.mounted")])
         run = await client.start_run("refunder", "refund A")
         snap = await wait_for_status(run, RunStatus.WAITING)
         assert snap.interaction is not None
@@ -404,7 +421,11 @@ class TestMountedApps:
         path = f"/durably/runs/{run.run_id}/respond"
 
         async with AsgiServer(app, host="0.0.0.0", port=0, what="a user's app") as server:
-            refused = await _raw_post(lan, server.port, path, approve, host="localhost")
+            lan = _lan_address()
+            if ipaddress.ip_address(lan).is_loopback:  # no network here: the peer it names
+                refused = await _asgi_post(app, path, approve, peer="198.51.100.7")
+            else:
+                refused = await _raw_post(lan, server.port, path, approve, host="localhost")
             assert refused == 403
             assert (await run.snapshot()).status == RunStatus.WAITING
             local = await _raw_post("127.0.0.1", server.port, path, approve, host="localhost")
