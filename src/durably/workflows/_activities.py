@@ -208,37 +208,46 @@ async def verify_approval(request: VerifyApprovalRequest) -> str:
 async def confirm_advanced(session_id: str, run_id: str) -> bool | None:
     """Whether the session took a submission after this run, asked of the session by the
     worker (None if it did not answer in a minute: the signal then changes nothing)."""
-    try:
-        advanced: bool = await workflow.execute_local_activity(
-            ACTIVITY_CONFIRM_ADVANCED,
-            AdvanceCheck(session_id=session_id, run_id=run_id),
-            result_type=bool,
-            start_to_close_timeout=timedelta(seconds=30),
-            schedule_to_close_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-            summary=f"ask session {session_id[:200]} whether it went ahead",
-        )
-    except ActivityError:
-        return None
-    return advanced
+    return await _read_within_a_minute(
+        ACTIVITY_CONFIRM_ADVANCED,
+        AdvanceCheck(session_id=session_id, run_id=run_id),
+        bool,
+        summary=f"ask session {session_id[:200]} whether it went ahead",
+    )
 
 
 async def confirm_status(run_id: str) -> str:
     """The status run `run_id` publishes now, read by the worker from the server ("" if it
-    has none): a status note is a signal, which anyone may send."""
+    has none, or the server did not say in a minute): a status note is a signal, which
+    anyone may send."""
+    status = await _read_within_a_minute(
+        ACTIVITY_CONFIRM_STATUS,
+        StatusCheck(workflow_id=run_id),
+        str,
+        summary=f"read the status of {run_id[:200]}",
+    )
+    return status or ""
+
+
+async def _read_within_a_minute(
+    name: str, request: Any, result_type: type[R], *, summary: str
+) -> R | None:
+    """A local activity that reads what a signal claims from the server (or a workflow),
+    None if no answer came within a minute: the signal then changes nothing, and the
+    handler that waits for it ends (a run waits for its handlers before it completes)."""
     try:
-        status: str = await workflow.execute_local_activity(
-            ACTIVITY_CONFIRM_STATUS,
-            StatusCheck(workflow_id=run_id),
-            result_type=str,
-            start_to_close_timeout=timedelta(seconds=10),
+        result: R = await workflow.execute_local_activity(
+            name,
+            request,
+            result_type=result_type,
+            start_to_close_timeout=timedelta(seconds=30),
             schedule_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-            summary=f"read the status of {run_id[:200]}",
+            summary=summary,
         )
-    except ActivityError:  # the server did not say in a minute: the note changes nothing
-        return ""
-    return status
+    except ActivityError:
+        return None
+    return result
 
 
 async def verify_origin(check: OriginCheck) -> str:
