@@ -4,8 +4,10 @@ and keys rotate without a run losing anything."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ from durably import (
     DurableRuntime,
     ModelRequest,
     RunCancelledError,
+    RunHandle,
+    RunSnapshot,
     RunStatus,
     ScriptedModel,
     ToolContext,
@@ -218,6 +222,18 @@ FORGERIES = {
 }
 
 
+@contextlib.asynccontextmanager
+async def encrypted_asker(
+    env: WorkflowEnvironment, task_queue: str
+) -> AsyncIterator[tuple[DurableClient, RunHandle, RunSnapshot]]:
+    """A worker holding key A, and a run of `asker` waiting for its answer."""
+    client = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
+    async with await DurableRuntime.open(client=client, agents=[asker()]) as runtime:
+        await runtime.resume()
+        run = await client.start_run("asker", "where?")
+        yield client, run, await wait_for_status(run, RunStatus.WAITING)
+
+
 class TestForgedCiphertext:
     """A signal, an update or a start input that claims to be encrypted and is not: the
     SDK decodes a whole activation before any handler runs, so one of them failed every
@@ -227,11 +243,7 @@ class TestForgedCiphertext:
     async def test_a_forged_signal_is_recorded_as_rejected_and_cancel_still_works(
         self, env: WorkflowEnvironment, task_queue: str, kind: str
     ) -> None:
-        client = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
-        async with await DurableRuntime.open(client=client, agents=[asker()]) as runtime:
-            await runtime.resume()
-            run = await client.start_run("asker", "where?")
-            await wait_for_status(run, RunStatus.WAITING)
+        async with encrypted_asker(env, task_queue) as (client, run, _):
             raw = env.client.get_workflow_handle(run.run_id)  # no codec, no key
 
             await raw.signal(RESPOND_SIGNAL, FORGERIES[kind])
@@ -256,11 +268,7 @@ class TestForgedCiphertext:
     ) -> None:
         """The SDK refuses an update whose argument it cannot decode before its validator
         runs: nothing reaches history, and the run goes on."""
-        client = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
-        async with await DurableRuntime.open(client=client, agents=[asker()]) as runtime:
-            await runtime.resume()
-            run = await client.start_run("asker", "where?")
-            waiting = await wait_for_status(run, RunStatus.WAITING)
+        async with encrypted_asker(env, task_queue) as (client, run, waiting):
             assert waiting.interaction is not None
             raw = env.client.get_workflow_handle(run.run_id)
             before = len((await raw.fetch_history()).events)
@@ -302,11 +310,7 @@ async def test_a_client_without_the_key_is_told_what_to_connect_with(
     env: WorkflowEnvironment, task_queue: str
 ) -> None:
     """It got a raw `KeyError: Unknown payload encoding binary/encrypted`."""
-    client = DurableClient(env.client, task_queue=task_queue, encryption=codec(("a", KEY_A)))
-    async with await DurableRuntime.open(client=client, agents=[asker()]) as runtime:
-        await runtime.resume()
-        run = await client.start_run("asker", "where?")
-        await wait_for_status(run, RunStatus.WAITING)
+    async with encrypted_asker(env, task_queue) as (_, run, _):
         keyless = DurableClient(env.client, task_queue=task_queue)
 
         with pytest.raises(DurablyError, match=r"encrypted payloads.*encryption=Encryption"):
