@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -448,15 +449,19 @@ async def is_started(session: SessionHandle, index: int) -> bool:
     return (await session.snapshot()).runs[index].status != "queued"
 
 
-def breaker(failing: dict[str, bool]) -> AgentRegistration:
-    """Charges a card with a `safe` tool that fails while `failing["now"]`."""
+def breaker(
+    failing: dict[str, bool], charge: Any = None, agent_id: str = "breaker"
+) -> AgentRegistration:
+    """Charges a card with a `safe` tool that fails while `failing["now"]` (or `charge`)."""
 
-    @tool
-    async def charge(args: Order, ctx: ToolContext) -> str:
+    @tool(name="charge")
+    async def default_charge(args: Order, ctx: ToolContext) -> str:
         """Charge the order."""
         if failing["now"]:
             raise RuntimeError("the card network is down")
         return f"charged {args.order}"
+
+    charge = charge or default_charge
 
     def answer(request: ModelRequest) -> AssistantMessage:
         last = request.messages[-1]
@@ -469,7 +474,7 @@ def breaker(failing: dict[str, bool]) -> AgentRegistration:
             )
         return AssistantMessage(content=f"{len(request.messages)} messages so far")
 
-    agent = Agent(id="breaker", model=FunctionModel(answer), instructions="", tools=[charge])
+    agent = Agent(id=agent_id, model=FunctionModel(answer), instructions="", tools=[charge])
     return AgentRegistration(
         agent,
         version="1",
@@ -526,24 +531,7 @@ class TestFailedAndInterrupted:
                 raise RuntimeError("the card network is down again")
             return f"charged {args.order}"
 
-        def answer(request: ModelRequest) -> AssistantMessage:
-            last = request.messages[-1]
-            if isinstance(last, ToolResultMessage):
-                return AssistantMessage(content=f"done: {last.content}")
-            if isinstance(last, UserMessage) and last.content.startswith("charge "):
-                call = ToolCall(call_id="c1", name="charge", arguments={"order": "A"})
-                return AssistantMessage(tool_calls=(call,))
-            return AssistantMessage(content=f"{len(request.messages)} messages so far")
-
-        agent = Agent(id="racer", model=FunctionModel(answer), instructions="", tools=[charge])
-        retry = ToolRetry(max_attempts=2, initial_delay_ms=1, max_delay_ms=1)
-        await runtimes.start(
-            [
-                AgentRegistration(
-                    agent, version="1", tool_recovery={"charge": "safe"}, tool_retry=retry
-                )
-            ]
-        )
+        await runtimes.start([breaker(failing, charge, agent_id="racer")])
         session = await client.start_session("racer")
         first = await session.submit("charge A")
         await wait_for_status(first, RunStatus.FAILED)
